@@ -1,0 +1,233 @@
+"""Model configuration: one frozen dataclass for every supported decoder family.
+
+The Hugging Face `config.json` is the source of truth for real checkpoints; `ModelConfig`
+is the subset of it that changes the computation, read by `from_hf_dict` and written back
+by `to_hf_dict` so that an exported folder loads in `transformers` unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+# model_type -> architecture name written to an exported config.json.
+SUPPORTED_MODEL_TYPES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (`rope_type = "llama3"`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a Qwen2/2.5, Qwen3 or Llama-3 style decoder.
+
+    Attributes:
+      model_type: "qwen2" (q/k/v bias), "qwen3" (per-head q/k RMSNorm) or "llama".
+      head_dim: explicit per-head width (Qwen3 decouples it from hidden/heads).
+      attention_bias: bias on the q/k/v projections (Qwen2 always; others per config).
+      o_bias: bias on the output projection (Llama/Qwen3 with `attention_bias`, never Qwen2).
+      qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
+      param_dtype: storage dtype of the weights ("float32" or "bfloat16").
+      dtype: compute dtype of matmuls; norms, softmax and log-probs are always float32.
+      logits_chunk: sequence chunk for log-prob computation so that at most a
+        [batch, chunk, vocab] float32 logits tensor exists at a time.
+      remat: rematerialise each decoder layer in the backward pass (saves activations).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    logits_chunk: int = 512
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unknown model_type {self.model_type!r}; supported: "
+                f"{sorted(SUPPORTED_MODEL_TYPES)}"
+            )
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(_DTYPES)}")
+        if self.o_bias and not self.attention_bias:
+            raise ValueError("o_bias requires attention_bias (no supported family has it alone)")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    def replace(self, **kwargs: Any) -> ModelConfig:
+        return dataclasses.replace(self, **kwargs)
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+        attn = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            attn += q + 2 * kv
+        if self.o_bias:
+            attn += h
+        if self.qk_norm:
+            attn += 2 * d
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embed + h
+
+    # ----------------------------------------------------------------- HF config I/O
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+        """Builds a config from a Hugging Face `config.json` dictionary."""
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unknown model_type {model_type!r} in config.json; supported: "
+                f"{sorted(SUPPORTED_MODEL_TYPES)}"
+            )
+        try:
+            heads = hf["num_attention_heads"]
+            hidden = hf["hidden_size"]
+            fields = dict(
+                model_type=model_type,
+                vocab_size=hf["vocab_size"],
+                hidden_size=hidden,
+                intermediate_size=hf["intermediate_size"],
+                num_layers=hf["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or hidden // heads,
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json is missing the field {e.args[0]!r}") from None
+        if hf.get("use_sliding_window"):
+            raise ValueError("config.json sets use_sliding_window=true, which is not supported")
+        theta, scaling = _read_rope(hf)
+        fields.update(
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if model_type == "qwen2" else bool(hf.get("attention_bias")),
+            o_bias=model_type != "qwen2" and bool(hf.get("attention_bias")),
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+        )
+        if model_type == "llama" and hf.get("mlp_bias"):
+            raise ValueError("config.json sets mlp_bias=true, which is not supported")
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_hf_folder(cls, path: str, **overrides: Any) -> ModelConfig:
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"no config.json in model folder {path!r}")
+        with open(cfg_path) as f:
+            return cls.from_hf_dict(json.load(f), **overrides)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The `config.json` dictionary that `transformers` (v4 and v5) reads back."""
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope.update(rope_type="llama3", **dataclasses.asdict(self.rope_scaling))
+        hf: dict[str, Any] = {
+            "architectures": [SUPPORTED_MODEL_TYPES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": self.param_dtype,
+            "dtype": self.param_dtype,
+            "use_cache": True,
+        }
+        if self.rope_scaling is not None:
+            hf["rope_scaling"] = dict(rope)
+        if self.model_type != "qwen2":
+            hf["attention_bias"] = self.attention_bias
+        if self.model_type == "llama":
+            hf["mlp_bias"] = False
+        if self.model_type == "qwen2":
+            hf["use_sliding_window"] = False
+        for key in ("bos_token_id", "eos_token_id"):
+            if getattr(self, key) is not None:
+                hf[key] = getattr(self, key)
+        return hf
+
+
+def _read_rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """Reads theta and scaling from a top-level `rope_theta`/`rope_scaling` (transformers 4)
+    or from `rope_parameters` (transformers 5); the latter wins when both are present."""
+    params = dict(hf.get("rope_scaling") or {})
+    params.update(hf.get("rope_parameters") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type in (None, "default"):
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
+    try:
+        scaling = RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise ValueError(f"llama3 rope scaling is missing {e.args[0]!r}") from None
+    return theta, scaling

@@ -1,0 +1,313 @@
+"""Hugging Face checkpoints in and out.
+
+`load_model` reads `config.json` and `model.safetensors` (or a sharded
+`model.safetensors.index.json`) one tensor at a time into an NNX `Transformer` whose
+parameters were only shape-evaluated (`nnx.eval_shape`), so the model is never built
+twice; with `sharding`, each tensor goes straight into its sharded layout
+(`jax.make_array_from_callback` hands every device only its own slice).
+
+`save_model` writes the inverse: `config.json`, sharded safetensors with an index, and the
+tokenizer files, into a temporary folder renamed into place at the end (atomic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.safetensors_io import SafetensorsFile, save_safetensors
+from da3po_jax.models.transformer import Transformer
+
+Path = tuple[Any, ...]
+# A sharding for each parameter: one for all, or a function of (nnx path, shape).
+ShardingSpec = jax.sharding.Sharding | Callable[[Path, tuple[int, ...]], jax.sharding.Sharding]
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+)
+# Buffers some exporters include that carry no parameters.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """How one HF tensor maps onto one NNX parameter."""
+
+    hf_name: str
+    path: Path
+    to_jax: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _linear(x: np.ndarray) -> np.ndarray:  # HF [out, in] <-> ours [in, out]
+    return x.T
+
+
+def param_table(cfg: ModelConfig) -> list[_Entry]:
+    """Every parameter of `cfg`'s model: HF name, NNX path and the layout transforms."""
+    h, d, q = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+
+    def heads_in(n):  # HF [n*d, h] <-> ours [h, n, d]
+        return (lambda x: x.T.reshape(h, n, d)), (lambda x: x.reshape(h, n * d).T)
+
+    entries = [_Entry("model.embed_tokens.weight", ("embed",), _same, _same)]
+    for i in range(cfg.num_layers):
+        pre, path = f"model.layers.{i}.", ("layers", i)
+        for name, n in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
+            fwd, bwd = heads_in(n)
+            entries.append(
+                _Entry(f"{pre}self_attn.{name}_proj.weight", (*path, "attn", name), fwd, bwd)
+            )
+            if cfg.attention_bias:
+                entries.append(
+                    _Entry(
+                        f"{pre}self_attn.{name}_proj.bias",
+                        (*path, "attn", f"{name}_bias"),
+                        lambda x, n=n: x.reshape(n, d),
+                        lambda x, n=n: x.reshape(n * d),
+                    )
+                )
+        entries.append(
+            _Entry(
+                f"{pre}self_attn.o_proj.weight",
+                (*path, "attn", "o"),
+                lambda x: x.T.reshape(q, d, h),
+                lambda x: x.reshape(q * d, h).T,
+            )
+        )
+        if cfg.o_bias:
+            entries.append(
+                _Entry(f"{pre}self_attn.o_proj.bias", (*path, "attn", "o_bias"), _same, _same)
+            )
+        if cfg.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                entries.append(
+                    _Entry(
+                        f"{pre}self_attn.{name}.weight",
+                        (*path, "attn", name, "weight"),
+                        _same,
+                        _same,
+                    )
+                )
+        for name in ("gate", "up", "down"):
+            entries.append(
+                _Entry(f"{pre}mlp.{name}_proj.weight", (*path, "mlp", name), _linear, _linear)
+            )
+        entries.append(
+            _Entry(f"{pre}input_layernorm.weight", (*path, "input_norm", "weight"), _same, _same)
+        )
+        entries.append(
+            _Entry(
+                f"{pre}post_attention_layernorm.weight",
+                (*path, "post_attn_norm", "weight"),
+                _same,
+                _same,
+            )
+        )
+    entries.append(_Entry("model.norm.weight", ("final_norm", "weight"), _same, _same))
+    if not cfg.tie_word_embeddings:
+        entries.append(_Entry("lm_head.weight", ("lm_head",), _linear, _linear))
+    return entries
+
+
+def _open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
+    """Maps every tensor name of the checkpoint in `path` to the file that holds it."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files: dict[str, SafetensorsFile] = {}
+        for fname in sorted(set(weight_map.values())):
+            fpath = os.path.join(path, fname)
+            if not os.path.isfile(fpath):
+                raise FileNotFoundError(f"{index} lists {fname!r}, which is missing from {path!r}")
+            files[fname] = SafetensorsFile(fpath)
+        return {name: files[fname] for name, fname in weight_map.items()}
+    if os.path.isfile(single):
+        st = SafetensorsFile(single)
+        return {name: st for name in st.keys()}
+    raise FileNotFoundError(
+        f"no model.safetensors or model.safetensors.index.json in model folder {path!r}"
+    )
+
+
+def _check_names(table: list[_Entry], tensors: dict[str, SafetensorsFile], cfg: ModelConfig):
+    expected = {e.hf_name for e in table}
+    missing = sorted(expected - set(tensors))
+    unexpected = sorted(
+        n
+        for n in set(tensors) - expected
+        if not n.endswith(_IGNORED_SUFFIXES)
+        and not (cfg.tie_word_embeddings and n == "lm_head.weight")
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {unexpected}")
+    if problems:
+        raise ValueError(
+            f"checkpoint does not match a {cfg.model_type} model: " + "; ".join(problems)
+        )
+
+
+def _place(arr: np.ndarray, path: Path, sharding: ShardingSpec | None) -> jax.Array:
+    if sharding is None:
+        return jax.device_put(arr)
+    s = sharding(path, arr.shape) if callable(sharding) else sharding
+    return jax.make_array_from_callback(arr.shape, s, lambda idx: arr[idx])
+
+
+def load_model(
+    path: str,
+    *,
+    sharding: ShardingSpec | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **config_overrides: Any,
+) -> Transformer:
+    """Loads a HF checkpoint folder into a `Transformer`.
+
+    Args:
+      path: folder with `config.json` and `model.safetensors` or
+        `model.safetensors.index.json` plus its shards.
+      sharding: target placement, one `Sharding` for all parameters or a function of
+        (NNX path, shape); default: the default device.
+      progress: called as progress(done, total) after each tensor.
+      **config_overrides: `ModelConfig` fields to change, e.g. param_dtype="bfloat16".
+
+    Raises:
+      FileNotFoundError: no config.json or no weights.
+      ValueError: unknown model_type, missing/unexpected tensors or a wrong shape (named).
+    """
+    cfg = ModelConfig.from_hf_folder(path, **config_overrides)
+    table = param_table(cfg)
+    tensors = _open_checkpoint(path)
+    _check_names(table, tensors, cfg)
+
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    for n, entry in enumerate(table):
+        var = flat[entry.path]
+        want = var.get_value()
+        src = tensors[entry.hf_name]
+        got_hf = src.shape(entry.hf_name)
+        expected_hf = entry.to_hf(np.empty(want.shape, np.bool_)).shape
+        if tuple(got_hf) != tuple(expected_hf):
+            raise ValueError(
+                f"tensor {entry.hf_name!r} has shape {tuple(got_hf)}, "
+                f"expected {tuple(expected_hf)} for this config.json"
+            )
+        arr = np.asarray(entry.to_jax(src.get(entry.hf_name)), dtype=want.dtype)
+        var.set_value(_place(arr, entry.path, sharding))
+        del arr
+        if progress is not None:
+            progress(n + 1, len(table))
+    return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
+
+
+def _host_array(x: jax.Array) -> np.ndarray:
+    if not x.is_fully_addressable:  # multi-host: gather the global value on every host
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def save_model(
+    model: Transformer,
+    out_dir: str,
+    *,
+    tokenizer_dir: str | None = None,
+    max_shard_bytes: int = 2 << 30,
+    overwrite: bool = False,
+) -> str:
+    """Exports `model` as a HF folder that `transformers` loads with the same logits.
+
+    Writes into a temporary sibling folder and renames it into place, so a crash never
+    leaves a half-written export; an existing non-empty `out_dir` is an error unless
+    `overwrite`, in which case it is replaced only after the new one is complete.
+    """
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir!r} exists and is not empty (pass overwrite=True)")
+    cfg = model.cfg
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        _write_weights(tmp, param_table(cfg), flat, max_shard_bytes)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg.to_hf_dict(), f, indent=2)
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                src = os.path.join(tokenizer_dir, name)
+                if os.path.isfile(src):
+                    shutil.copy2(src, os.path.join(tmp, name))
+        if os.path.exists(out_dir):
+            old = out_dir + ".old"
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write_weights(folder: str, table: list[_Entry], flat: dict, max_shard_bytes: int):
+    """Writes shards of at most `max_shard_bytes` as they fill, so host memory holds one
+    shard at a time; names them `model-0000k-of-0000n` once n is known."""
+    shard: dict[str, np.ndarray] = {}
+    size, files, weight_map, total = 0, [], {}, 0
+
+    def flush():
+        fname = f"part-{len(files)}.safetensors"
+        save_safetensors(os.path.join(folder, fname), shard)
+        files.append(fname)
+        weight_map.update({name: fname for name in shard})
+
+    for entry in table:
+        arr = np.ascontiguousarray(entry.to_hf(_host_array(flat[entry.path].get_value())))
+        if shard and size + arr.nbytes > max_shard_bytes:
+            flush()
+            shard, size = {}, 0
+        shard[entry.hf_name] = arr
+        size += arr.nbytes
+        total += arr.nbytes
+    flush()
+    if len(files) == 1:
+        os.replace(os.path.join(folder, files[0]), os.path.join(folder, "model.safetensors"))
+        return
+    final = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
+    for old, new in final.items():
+        os.replace(os.path.join(folder, old), os.path.join(folder, new))
+    weight_map = {name: final[f] for name, f in weight_map.items()}
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,340 @@
+"""One Flax NNX decoder for the Qwen2/2.5, Qwen3 and Llama-3 families.
+
+The three families differ only in small switches (q/k/v bias, per-head q/k RMSNorm, RoPE
+frequency scaling, tied embeddings), so one module covers them, chosen by `ModelConfig`.
+
+Sequences are left-padded: `mask[b, t] = 1` marks real tokens and `positions[b, t]` holds
+each token's RoPE position (`cumsum(mask) - 1` for a left-padded prompt). Attention runs
+over *slots* (indices in the padded sequence or in the KV cache): a query in slot i sees
+keys in slots j <= i whose mask is 1. The cached path writes the new keys/values at slots
+`[cache.index, cache.index + T)`, so prefill (T = prompt length) and single-step decode
+(T = 1) are the same code as the cache-less forward.
+
+Weights are stored as `[in, out]` kernels with the head axis split out for attention
+(`q: [hidden, heads, head_dim]`) so the sharding rules can split heads on the tensor axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from da3po_jax.models.config import ModelConfig
+
+_NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+@struct.dataclass
+class KVCache:
+    """Preallocated keys/values of every layer for a fixed batch and length.
+
+    One array per layer (not one stacked array) so that a donated cache is updated in
+    place by `dynamic_update_slice` without copying the other layers.
+
+    Attributes:
+      k: per-layer keys, a tuple of [batch, max_len, kv_heads, head_dim] (compute dtype).
+      v: per-layer values, same shapes as `k`.
+      mask: [batch, max_len] bool, True where a slot holds a real (non-pad) token.
+      index: [] int32, the next slot to write.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    mask: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return cls(
+            k=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
+            v=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
+            mask=jnp.zeros((batch, max_len), jnp.bool_),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+    @property
+    def max_len(self) -> int:
+        return self.mask.shape[1]
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """RoPE positions of a left-padded batch: 0, 1, ... over real tokens, 0 on padding."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Inverse RoPE frequencies, [head_dim // 2], with optional Llama-3 scaling."""
+    exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate between.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotates `x` [B, T, heads, D] by `positions` [B, T] (half-split layout, as HF)."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: ModelConfig, init: str = "normal"):
+    if init == "ones":
+        value = jnp.ones(shape, cfg.jnp_param_dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, cfg.jnp_param_dtype)
+    else:  # HF's `initializer_range` default
+        value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
+        value = value.astype(cfg.jnp_param_dtype)
+    return nnx.Param(value)
+
+
+class RMSNorm(nnx.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), normalised in float32 as the HF reference."""
+
+    def __init__(self, dim: int, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), cfg, "ones")
+        self.eps = cfg.rms_norm_eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * x32).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE, optional q/k/v bias and q/k RMSNorm."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        h, nq, nkv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q = _param(rngs, (h, nq, d), cfg)
+        self.k = _param(rngs, (h, nkv, d), cfg)
+        self.v = _param(rngs, (h, nkv, d), cfg)
+        self.o = _param(rngs, (nq, d, h), cfg)
+        if cfg.attention_bias:
+            self.q_bias = _param(rngs, (nq, d), cfg, "zeros")
+            self.k_bias = _param(rngs, (nkv, d), cfg, "zeros")
+            self.v_bias = _param(rngs, (nkv, d), cfg, "zeros")
+        if cfg.o_bias:
+            self.o_bias = _param(rngs, (h,), cfg, "zeros")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg, rngs)
+            self.k_norm = RMSNorm(d, cfg, rngs)
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        dt = self.cfg.jnp_dtype
+        y = jnp.einsum("bth,hnd->btnd", x, getattr(self, name)[...].astype(dt))
+        if self.cfg.attention_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(dt)
+        return y
+
+    def __call__(self, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache):
+        """Attention for one layer.
+
+        Args:
+          x: [B, T, hidden] inputs.
+          positions: [B, T] RoPE positions.
+          inv_freq: [head_dim // 2].
+          q_slots: [T] slot of each query; k_slots: [S] slot of each key.
+          key_mask: [B, S] bool, keys that hold real tokens.
+          layer_cache: None, or (k, v) [B, S, kv_heads, D] to write this step's keys into
+            at `q_slots[0]`.
+
+        Returns:
+          ([B, T, hidden] output, updated (k, v) or None).
+        """
+        cfg = self.cfg
+        q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if layer_cache is not None:
+            start = (0, q_slots[0], 0, 0)
+            k = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(layer_cache[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(layer_cache[1].dtype), start)
+            layer_cache = (k, v)
+        b, t = x.shape[:2]
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(cfg.head_dim)
+        allowed = (k_slots[None, :] <= q_slots[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+        scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, -1)
+        out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(cfg.jnp_dtype))
+        if cfg.o_bias:
+            out = out + self.o_bias[...].astype(cfg.jnp_dtype)
+        return out, layer_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.dtype = cfg.jnp_dtype
+        self.gate = _param(rngs, (cfg.hidden_size, cfg.intermediate_size), cfg)
+        self.up = _param(rngs, (cfg.hidden_size, cfg.intermediate_size), cfg)
+        self.down = _param(rngs, (cfg.intermediate_size, cfg.hidden_size), cfg)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        hidden = jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt))
+        return hidden @ self.down[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache):
+        attn_out, layer_cache = self.attn(
+            self.input_norm(x), positions, inv_freq, q_slots, k_slots, key_mask, layer_cache
+        )
+        x = x + attn_out
+        x = x + self.mlp(self.post_attn_norm(x))
+        return x, layer_cache
+
+
+class Transformer(nnx.Module):
+    """Decoder-only causal LM.
+
+    Calls:
+      `hidden(tokens, positions, mask, cache=None) -> (h [B, T, hidden], cache)`
+      `__call__(...)`: float32 logits [B, T, vocab] (materialises them all; for sampling
+        and tests).
+      `token_logprobs(tokens, positions, mask, targets)`: float32 log p(targets) [B, T]
+        (and per-token entropy) computed chunk by chunk over the sequence, so at most one
+        [B, logits_chunk, vocab] float32 logits block exists, also in the backward pass.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)
+
+    def hidden(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final-norm hidden states [B, T, hidden]; writes keys/values into `cache` if given."""
+        cfg = self.cfg
+        t = tokens.shape[1]
+        mask = mask.astype(jnp.bool_)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
+        inv_freq = rope_inv_freq(cfg)
+        if cache is None:
+            q_slots = k_slots = jnp.arange(t, dtype=jnp.int32)
+            key_mask = mask
+        else:
+            q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
+            k_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
+        call = nnx.remat(DecoderLayer.__call__) if cfg.remat else DecoderLayer.__call__
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            x, layer_cache = call(
+                layer, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache
+            )
+            if layer_cache is not None:
+                new_k.append(layer_cache[0])
+                new_v.append(layer_cache[1])
+        if cache is not None:
+            cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=key_mask, index=cache.index + t)
+        return self.final_norm(x), cache
+
+    def _unembed(self) -> jax.Array:
+        """Output projection as [hidden, vocab] in the compute dtype."""
+        w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return w.astype(self.cfg.jnp_dtype)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """float32 logits of hidden states h [..., hidden]."""
+        return jnp.dot(h, self._unembed(), preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens, positions, mask, cache=None):
+        """(float32 logits [B, T, vocab], cache)."""
+        h, cache = self.hidden(tokens, positions, mask, cache)
+        return self.logits(h), cache
+
+    def token_logprobs(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        targets: jax.Array,
+        temperature: float = 1.0,
+    ) -> tuple[jax.Array, jax.Array]:
+        """log softmax(logits / temperature)[targets] and entropy, both float32 [B, T].
+
+        `targets[b, t]` is the token whose probability is read off position t (usually
+        `tokens[b, t + 1]`). Positions are processed in chunks of `cfg.logits_chunk`; each
+        chunk is rematerialised in the backward pass, so peak logits memory is one chunk.
+        """
+        h, _ = self.hidden(tokens, positions, mask)
+        return chunked_logprobs(h, self._unembed(), targets, self.cfg.logits_chunk, temperature)
+
+
+def chunked_logprobs(
+    h: jax.Array, w: jax.Array, targets: jax.Array, chunk: int, temperature: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs and entropies of `h @ w` without the full [B, T, V] logits.
+
+    Args:
+      h: [B, T, hidden]; w: [hidden, vocab]; targets: [B, T] int.
+      chunk: positions per block; T is padded up to a multiple of it.
+
+    Returns:
+      (log p(targets) [B, T], entropy [B, T]), float32.
+    """
+    b, t, _ = h.shape
+    chunk = max(1, min(chunk, t))
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hs = h.reshape(b, n, chunk, -1).swapaxes(0, 1)
+    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def block(hc, tc):
+        logits = jnp.dot(hc, w, preferred_element_type=jnp.float32) / temperature
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+        probs = jnp.exp(logits - lse[..., None])
+        entropy = lse - jnp.sum(probs * logits, axis=-1)
+        return picked - lse, entropy
+
+    logp, ent = jax.lax.map(lambda xs: block(*xs), (hs, ts))
+    logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return logp, ent
