@@ -1,0 +1,142 @@
+"""Group statistics and GRPO / Dr.GRPO outcome advantages (ALGORITHMS.md, "GRPO advantages").
+
+Per-response arrays are either flat `[P * G]`, group-major (response i of group g sits at
+index `g * G + i`), or already grouped `[P, G]`; every function returns the layout it was
+given. Variable group sizes are expressed with a per-response `valid` mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from da3po_jax.rl._utils import as_float, safe_div, to_groups, valid_or_ones
+from da3po_jax.rl.daa import BetaPrior, DAAConfig, PromptHistory, apply_daa
+from da3po_jax.rl.groups import group_stats
+
+_NORMS = ("std", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    """Config of the outcome advantage (hashable; usable as a static jit argument).
+
+    Attributes:
+      norm: `"std"` (GRPO: divide by the group std) or `"none"` (Dr.GRPO: centre only).
+      std_ddof: delta degrees of freedom of the group std; 1 = sample std (verl, TRL).
+      eps: added to the std in the denominator.
+    """
+
+    norm: str = "std"
+    std_ddof: int = 1
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.norm not in _NORMS:
+            raise ValueError(f"AdvantageConfig.norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"AdvantageConfig.std_ddof must be 0 or 1, got {self.std_ddof!r}")
+        if not self.eps >= 0:
+            raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps!r}")
+
+
+def grpo_advantages(
+    rewards: jax.Array,
+    group_size: int,
+    *,
+    valid: jax.Array | None = None,
+    norm: str = "std",
+    std_ddof: int = 1,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GRPO (or Dr.GRPO) outcome advantages.
+
+    A_i = (R_i - mean_g R) / (std_g R + eps) for `norm="std"`, A_i = R_i - mean_g R for
+    `norm="none"` (Dr.GRPO). A group with zero reward variance, or with fewer than two valid
+    responses, gets A = 0 for all its responses; invalid responses get 0.
+
+    Args:
+      rewards: `[P * G]` or `[P, G]` outcome rewards R_i.
+      group_size: G.
+      valid: optional per-response mask (same shape).
+      norm: `"std"` or `"none"`.
+      std_ddof: 0 or 1 (default 1, sample std, as verl and TRL).
+      eps: added to the std.
+
+    Returns:
+      Advantages with the shape of `rewards`.
+    """
+    shape = jnp.shape(rewards)
+    x = to_groups(as_float(rewards), group_size)
+    v = to_groups(valid_or_ones(valid, jnp.asarray(rewards)), group_size)
+    st = group_stats(x, group_size, v, std_ddof=std_ddof)
+    centred = x - st.mean[:, None]
+    if norm == "std":
+        centred = centred / (st.std[:, None] + eps)
+    elif norm != "none":
+        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    adv = jnp.where(v & ~st.constant[:, None], centred, 0.0)
+    return adv.reshape(shape)
+
+
+def compute_advantages(
+    rewards: jax.Array,
+    correct: jax.Array,
+    group_size: int,
+    *,
+    config: AdvantageConfig | None = None,
+    valid: jax.Array | None = None,
+    daa: DAAConfig | None = None,
+    group_valid: jax.Array | None = None,
+    prior: BetaPrior | None = None,
+    history: PromptHistory | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Outcome advantages of one training batch: GRPO / Dr.GRPO, then optionally DAA.
+
+    A_i = (R_i - mean_g R) / (std_g R + eps) (or centred only), zero for constant groups;
+    then, if `daa` is a `DAAConfig`, A'_i = lambda_g A_i for correct responses of hard kept
+    groups (see `apply_daa`). Correctness c_i drives the group accuracy and DAA; the reward
+    R_i (which may include overlong shaping) drives the advantage.
+
+    Args:
+      rewards: `[P * G]` (group-major) or `[P, G]` rewards.
+      correct: correctness c_i in {0, 1}, same shape.
+      group_size: G.
+      config: `AdvantageConfig` (default GRPO, ddof 1, eps 1e-6).
+      valid: optional per-response mask (e.g. empty dynamic-sampling slots).
+      daa: optional `DAAConfig`; None (or estimator "none") skips amplification.
+      group_valid: optional `[P]` mask of kept groups, forwarded to DAA.
+      prior: `BetaPrior` for the `bayes` / `history` estimators.
+      history: `PromptHistory` for the `history` estimator.
+
+    Returns:
+      `(advantages, metrics)`: advantages shaped like `rewards`; scalar metrics
+      (`adv/mean`, `adv/abs_mean`, `adv/zero_var_frac`, plus `daa/*` when DAA runs).
+    """
+    cfg = config or AdvantageConfig()
+    adv = grpo_advantages(
+        rewards, group_size, valid=valid, norm=cfg.norm, std_ddof=cfg.std_ddof, eps=cfg.eps
+    )
+    v = valid_or_ones(valid, jnp.asarray(rewards))
+    st = group_stats(rewards, group_size, valid, std_ddof=cfg.std_ddof)
+    nonempty = st.count > 0
+    metrics = {
+        "adv/mean": safe_div(jnp.where(v, adv, 0).sum(), v.sum()),
+        "adv/abs_mean": safe_div(jnp.where(v, jnp.abs(adv), 0).sum(), v.sum()),
+        "adv/zero_var_frac": safe_div((st.constant & nonempty).sum(), nonempty.sum()),
+    }
+    if daa is not None and daa.estimator != "none":
+        adv, daa_metrics = apply_daa(
+            adv,
+            correct,
+            group_size,
+            config=daa,
+            valid=valid,
+            group_valid=group_valid,
+            prior=prior,
+            history=history,
+        )
+        metrics.update(daa_metrics)
+    return adv, metrics

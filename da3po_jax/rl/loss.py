@@ -1,0 +1,294 @@
+"""Decoupled-clip policy-gradient loss of DAPO / DA3PO (ALGORITHMS.md, "Policy loss").
+
+Token arrays are `[B, T]` (B responses, T padded response length) with a response mask m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from da3po_jax.rl._utils import as_float, safe_div
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+_RATIO_LEVELS = ("token", "sequence")
+_KL_ESTIMATORS = ("k1", "k3")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Settings of `da3po_loss` (hashable; passed to `jax.jit` as a static argument).
+
+    Attributes:
+      eps_low: lower clip, rho >= 1 - eps_low.
+      eps_high: upper clip, rho <= 1 + eps_high (DAPO clip-higher: 0.28).
+      clip_ratio_c: dual-clip constant c > 1 for A < 0 (`float("inf")` disables it).
+      ratio_level: `"token"` (PPO) or `"sequence"` (GSPO: masked mean of the log-ratio).
+      agg: one of `AGG_MODES`.
+      kl_coef: coefficient of the per-token KL to the reference (0: off).
+      kl_estimator: `"k1"` or `"k3"`.
+      log_ratio_clamp: |logp_new - logp_old| clamp before exp.
+      kl_clamp: clamp of the k3 estimate.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    clip_ratio_c: float = 3.0
+    ratio_level: str = "token"
+    agg: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    log_ratio_clamp: float = 20.0
+    kl_clamp: float = 10.0
+
+    def __post_init__(self):
+        _check_choice("agg", self.agg, AGG_MODES)
+        _check_choice("ratio_level", self.ratio_level, _RATIO_LEVELS)
+        _check_choice("kl_estimator", self.kl_estimator, _KL_ESTIMATORS)
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low!r}")
+        if not self.eps_high >= 0.0:
+            raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high!r}")
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"LossConfig.clip_ratio_c must be > 1, got {self.clip_ratio_c!r}")
+        if not self.kl_coef >= 0.0:
+            raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"LossConfig.{name} must be one of {choices}, got {value!r}")
+
+
+def loss_normalizer(mask: jax.Array, agg: str = "token-mean", axis_name: Any = None) -> jax.Array:
+    """Global normaliser of an aggregation mode, from the *whole* optimizer-step mini-batch.
+
+    token-mean: N = sum(m); seq-mean-token-mean and seq-mean-token-sum: B = number of rows
+    with at least one token; seq-mean-token-sum-norm: B * T. Compute it once over all
+    micro-batches (concatenate their masks, or sum per-micro-batch values: every mode is a
+    sum over rows) and pass it to every micro-batch's `da3po_loss` so the summed gradients
+    equal the full-batch gradient.
+
+    Args:
+      mask: `[B, T]` response mask of the whole mini-batch (or of this device's shard).
+      agg: aggregation mode.
+      axis_name: if given, the value is `lax.psum`-ed over this mapped axis (data parallel).
+
+    Returns:
+      Scalar float normaliser (0 for an empty mask; `da3po_loss` then returns 0).
+    """
+    _check_choice("agg", agg, AGG_MODES)
+    m = jnp.asarray(mask) > 0
+    if agg == "token-mean":
+        val = m.sum(dtype=jnp.float32)
+    else:
+        val = m.any(-1).sum(dtype=jnp.float32)
+        if agg == "seq-mean-token-sum-norm":
+            val = val * m.shape[-1]
+    if axis_name is not None:
+        val = jax.lax.psum(val, axis_name)
+    return val
+
+
+def _log_ratio(logp_new, logp_old, m, cfg: LossConfig):
+    """Token d = clamp(logp_new - logp_old, -c, c) and the d used by the loss.
+
+    The latter is d itself, or its masked row mean broadcast over the row (sequence level).
+    """
+    d = jnp.clip(logp_new - logp_old, -cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    d = jnp.where(m > 0, d, 0.0)
+    if cfg.ratio_level == "sequence":
+        seq = safe_div(d.sum(-1), m.sum(-1))
+        return d, jnp.broadcast_to(seq[:, None], d.shape)
+    return d, d
+
+
+def _kl_to_ref(logp_new, logp_ref, cfg: LossConfig):
+    """Per-token k1 = logp - logp_ref or k3 = exp(ref - logp) - (ref - logp) - 1 in [-10, 10]."""
+    if cfg.kl_estimator == "k1":
+        return logp_new - logp_ref
+    x = logp_ref - logp_new
+    return jnp.clip(jnp.exp(x) - x - 1.0, -cfg.kl_clamp, cfg.kl_clamp)
+
+
+def _entropy_from_logits(logits: jax.Array) -> jax.Array:
+    """Per-position entropy -sum_v p_v log p_v of softmax(logits), `[B, T, V] -> [B, T]`."""
+    logp = jax.nn.log_softmax(as_float(logits), axis=-1)
+    p = jnp.exp(logp)
+    return -jnp.where(p > 0, p * logp, 0.0).sum(-1)  # -inf logits (masked vocab) give 0
+
+
+def _aggregate(tok_loss, m, agg: str, normalizer):
+    """sum(m * l) / normalizer, with the per-row token mean for seq-mean-token-mean."""
+    if agg == "seq-mean-token-mean":
+        total = safe_div((m * tok_loss).sum(-1), m.sum(-1)).sum()
+    else:
+        total = (m * tok_loss).sum()
+    return safe_div(total, normalizer)
+
+
+def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified):
+    """Token metrics over this batch's valid tokens (stop-gradient); d is the token log-ratio."""
+    n = m.sum()
+    mean = lambda x: safe_div((m * x).sum(), n)
+    low = (adv < 0) & (rho < 1 - cfg.eps_low)
+    high = (adv > 0) & (rho > 1 + cfg.eps_high)
+    out = {
+        "loss/pg": pg_loss,
+        "loss/clipfrac_low": mean(low),
+        "loss/clipfrac_high": mean(high),
+        "loss/clipfrac_dual": mean((adv < 0) & (rho > cfg.clip_ratio_c)),
+        "loss/approx_kl": mean(jnp.expm1(d) - d),
+        "loss/ratio_mean": mean(rho),
+        "loss/ratio_max": jnp.where(n > 0, jnp.where(m > 0, rho, -jnp.inf).max(), 0.0),
+        "loss/num_tokens": n,
+    }
+    if kl is not None:
+        out["loss/kl_ref"] = mean(kl)
+    if entropy is not None:
+        out["loss/entropy"] = mean(entropy)
+    if amplified is not None:
+        am = m * jnp.broadcast_to(amplified.reshape(amplified.shape[0], -1), m.shape)
+        out["loss/clipfrac_high_amplified"] = safe_div((am * high).sum(), am.sum())
+    return jax.tree.map(jax.lax.stop_gradient, out)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _da3po_loss_jit(
+    logp_new,
+    logp_old,
+    advantages,
+    mask,
+    logp_ref,
+    normalizer,
+    entropy,
+    logits,
+    amplified,
+    *,
+    config: LossConfig,
+):
+    m = (jnp.asarray(mask) > 0).astype(jnp.float32)
+    m = m.astype(jnp.promote_types(m.dtype, jnp.asarray(logp_new).dtype))
+    # Zero padded positions first so garbage (e.g. -inf) there cannot reach the gradient.
+    clean = lambda x: jnp.where(m > 0, as_float(x), 0.0)
+    logp_new, logp_old = clean(logp_new), clean(logp_old)
+    adv = as_float(advantages)
+    adv = clean(jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, m.shape))
+    d_tok, d = _log_ratio(logp_new, logp_old, m, config)
+    rho = jnp.exp(d)
+    clipped = jnp.clip(rho, 1 - config.eps_low, 1 + config.eps_high)
+    tok_loss = jnp.maximum(-adv * rho, -adv * clipped)
+    tok_loss = jnp.where(adv < 0, jnp.minimum(tok_loss, -adv * config.clip_ratio_c), tok_loss)
+    if normalizer is None:
+        normalizer = loss_normalizer(m, config.agg)
+    pg_loss = _aggregate(tok_loss, m, config.agg, normalizer)
+    kl = None
+    if logp_ref is not None:
+        kl = _kl_to_ref(logp_new, clean(logp_ref), config)
+        tok_loss = tok_loss + config.kl_coef * kl
+    loss = _aggregate(tok_loss, m, config.agg, normalizer)
+    if entropy is None and logits is not None:
+        entropy = _entropy_from_logits(logits)
+    metrics = _metrics(
+        d_tok,
+        rho,
+        adv,
+        m,
+        config,
+        pg_loss,
+        kl,
+        entropy,
+        None if amplified is None else jnp.asarray(amplified, jnp.float32),
+    )
+    return loss, metrics
+
+
+def da3po_loss(
+    logp_new: jax.Array,
+    logp_old: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    config: LossConfig | None = None,
+    logp_ref: jax.Array | None = None,
+    normalizer: jax.Array | float | None = None,
+    entropy: jax.Array | None = None,
+    logits: jax.Array | None = None,
+    amplified: jax.Array | None = None,
+    **overrides: Any,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Decoupled-clip (clip-higher) policy loss of DAPO / DA3PO, jitted.
+
+    Per token, with m the response mask:
+
+        d   = clamp(logp_new - logp_old, -20, 20)       (GSPO: d <- sum_t m d / sum_t m)
+        rho = exp(d)
+        l   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
+        l   = min(l, -A c)                 where A < 0 (dual clip, c = clip_ratio_c)
+        l  += kl_coef * KL                 KL = k1 = logp - ref, or
+                                           k3 = clamp(exp(ref - logp) - (ref - logp) - 1, +-10)
+        loss = sum_{b,t} m l / N                             token-mean (DAPO, default)
+             = sum_b (sum_t m l / sum_t m) / B               seq-mean-token-mean (GRPO)
+             = sum_{b,t} m l / B                             seq-mean-token-sum
+             = sum_{b,t} m l / (B T)                         seq-mean-token-sum-norm (Dr.GRPO)
+
+    N, B (rows with >= 1 token) and T are taken from `normalizer` when given, which should be
+    `loss_normalizer(mask_of_whole_minibatch, agg)`: then the sum of the micro-batch (or
+    data-parallel shard) gradients equals the full mini-batch gradient. Without it the
+    normaliser of this call's `mask` is used. Rows with no valid token contribute 0; an
+    empty batch gives loss 0 (not NaN).
+
+    Departures from the papers: the dual clip (Ye et al. 2020) is on by default (c = 3) as in
+    verl; DAPO itself does not mention it. GSPO's ratio is the plain masked mean of the
+    (clamped) token log-ratios with its full gradient, not GSPO's stop-gradient token form
+    (same value; per-token gradients are the sequence gradient spread over the tokens).
+    The k3 estimate is clamped to [-10, 10] as in verl.
+
+    Args:
+      logp_new: `[B, T]` log-probs of the sampled tokens under the current policy.
+      logp_old: `[B, T]` log-probs under the sampling (old) policy.
+      advantages: `[B]` (broadcast over tokens) or `[B, T]`.
+      mask: `[B, T]` response mask (1 on response tokens).
+      config: `LossConfig`; keyword `overrides` (e.g. `eps_high=0.3, agg="token-mean"`)
+        replace its fields.
+      logp_ref: optional `[B, T]` reference log-probs (KL term, used when kl_coef > 0 or
+        for the `loss/kl_ref` metric).
+      normalizer: optional global normaliser (see `loss_normalizer`).
+      entropy: optional `[B, T]` per-token entropy of the new policy (metric only).
+      logits: optional `[B, T, V]` new-policy logits (entropy metric when `entropy` is None).
+      amplified: optional `[B]` or `[B, T]` mask of DAA-amplified responses/tokens, for the
+        `loss/clipfrac_high_amplified` metric.
+      **overrides: `LossConfig` fields.
+
+    Returns:
+      `(loss, metrics)`: scalar loss; metrics `loss/pg` (without KL), `loss/clipfrac_low`
+      (A < 0, rho < 1 - eps_low), `loss/clipfrac_high` (A > 0, rho > 1 + eps_high),
+      `loss/clipfrac_dual` (A < 0, rho > c), `loss/approx_kl` (k3 estimate of KL(old||new),
+      mean of e^d - 1 - d with the token-level d), `loss/ratio_mean`, `loss/ratio_max`,
+      `loss/num_tokens`, and when available `loss/kl_ref`, `loss/entropy`,
+      `loss/clipfrac_high_amplified`. Metrics are token means over this call's mask.
+    """
+    cfg = config or LossConfig()
+    if overrides:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(LossConfig)}
+        if unknown:
+            raise TypeError(f"da3po_loss: unknown LossConfig fields {sorted(unknown)}")
+        cfg = dataclasses.replace(cfg, **overrides)
+    if normalizer is not None:
+        normalizer = as_float(normalizer)
+    return _da3po_loss_jit(
+        logp_new,
+        logp_old,
+        advantages,
+        mask,
+        logp_ref,
+        normalizer,
+        entropy,
+        logits,
+        amplified,
+        config=cfg,
+    )
