@@ -1,0 +1,47 @@
+"""Verifiable math rewards: answer extraction, normalisation, equivalence, batch scoring.
+
+Host-side only (no JAX). The usual entry point is `RewardScorer`::
+
+    from da3po_jax.rewards import RewardScorer
+
+    with RewardScorer(num_workers=4, timeout_s=5.0) as scorer:
+        batch = scorer.score_batch(responses, references)
+    batch.rewards, batch.stats  # [1.0, 0.0, ...], {"ok": 7, "no_answer": 1, ...}
+
+Model output is never evaluated as code: answers are parsed by a whitelist parser
+(`latex.parse_math`), and the only slow stage (sympy) runs in worker processes that are killed
+at a hard per-response timeout.
+"""
+
+from da3po_jax.rewards.extract import extract_answer, extract_answer_line, extract_boxed
+from da3po_jax.rewards.latex import ParseError, eval_rational, parse_math
+from da3po_jax.rewards.normalize import normalize_answer
+from da3po_jax.rewards.numeric import parse_number
+from da3po_jax.rewards.scorer import (
+    STATUSES,
+    BatchScores,
+    RewardScorer,
+    ScoreResult,
+    score_batch,
+)
+from da3po_jax.rewards.verify import fast_verdict, is_equivalent, split_sequence, symbolic_equal
+
+__all__ = [
+    "STATUSES",
+    "BatchScores",
+    "ParseError",
+    "RewardScorer",
+    "ScoreResult",
+    "eval_rational",
+    "extract_answer",
+    "extract_answer_line",
+    "extract_boxed",
+    "fast_verdict",
+    "is_equivalent",
+    "normalize_answer",
+    "parse_math",
+    "parse_number",
+    "score_batch",
+    "split_sequence",
+    "symbolic_equal",
+]

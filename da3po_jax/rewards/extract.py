@@ -1,0 +1,177 @@
+"""Final-answer extraction from a model response: the last `Answer: ...` line or `\\boxed{}`.
+
+Two conventions are recognised, and the one that appears *last* in the response wins, since
+the final statement is the model's final answer:
+
+* an `Answer: ...` line (DAPO's prompt format; case-insensitive, `**Answer:**` markdown
+  allowed; if the line holds a `\\boxed{}` its content is used);
+* `\\boxed{...}` or `\\fbox{...}` with balanced nested braces (the MATH convention).
+
+If the last box is malformed (unbalanced braces) it is *not* replaced by an earlier box: an
+earlier box may be an answer the model later retracted, so the response has no answer.
+
+Every function here is a single left-to-right scan or a regex without nested quantifiers, so
+the cost is linear in the response length (a 1 MB adversarial response takes milliseconds).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["extract_answer", "extract_answer_line", "extract_boxed", "find_closing_brace"]
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+# `answer` as a word followed by a colon. No nested quantifiers: linear time.
+_ANSWER_RE = re.compile(r"\banswer[ \t]*:", re.IGNORECASE)
+_MARKDOWN_CHARS = "*_ \t"
+
+
+def find_closing_brace(text: str, open_index: int) -> int | None:
+    """Returns the index of the `}` matching the `{` at `open_index`, or None if unbalanced.
+
+    Escaped braces `\\{` and `\\}` (LaTeX set braces) are literal characters and do not
+    count towards the nesting depth.
+
+    Args:
+      text: the string to scan.
+      open_index: index of an opening `{` in `text`.
+
+    Returns:
+      The index of the matching closing brace, or None if the group never closes.
+    """
+    depth = 0
+    i = open_index
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2  # skip the escaped character (`\{`, `\}`, `\\`, ...)
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _last_box_start(text: str) -> tuple[int, int] | None:
+    """(start of the command, index just after its name) of the last box command."""
+    best = None
+    for command in _BOX_COMMANDS:
+        pos = text.rfind(command)
+        while pos >= 0:
+            after = pos + len(command)
+            # `\boxed` must not be a prefix of a longer command name (e.g. `\boxedx`).
+            if after >= len(text) or not text[after].isalpha():
+                break
+            pos = text.rfind(command, 0, pos)
+        if pos >= 0 and (best is None or pos > best[0]):
+            best = (pos, pos + len(command))
+    return best
+
+
+def _box_content(text: str, after: int) -> str | None:
+    """Content of a box whose command name ends at `after`, or None if malformed/empty."""
+    i = after
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        close = find_closing_brace(text, i)
+        if close is None:
+            return None
+        content = text[i + 1 : close].strip()
+    elif i > after:
+        # `\boxed 5` (no braces): the argument runs up to whitespace or a `$`.
+        j = i
+        while j < len(text) and text[j] not in " \t\n$":
+            j += 1
+        content = text[i:j]
+    else:
+        return None
+    return content or None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Returns the content of the last `\\boxed{...}` / `\\fbox{...}` in `text`.
+
+    Nested braces are handled (`\\boxed{\\frac{1}{\\sqrt{2}}}` gives `\\frac{1}{\\sqrt{2}}`).
+
+    Args:
+      text: a model response or a reference solution.
+
+    Returns:
+      The stripped box content, or None if there is no box, the last box is unbalanced, or
+      it is empty.
+    """
+    found = _last_box_start(text)
+    if found is None:
+        return None
+    return _box_content(text, found[1])
+
+
+def _answer_line_match(text: str) -> re.Match[str] | None:
+    last = None
+    for m in _ANSWER_RE.finditer(text):
+        last = m
+    return last
+
+
+def _clean_line(line: str) -> str:
+    line = line.strip().strip(_MARKDOWN_CHARS).strip()
+    return line
+
+
+def extract_answer_line(text: str) -> str | None:
+    """Returns the content of the last `Answer: ...` line (case-insensitive).
+
+    Markdown emphasis around the answer (`**Answer:** 5`) is removed. If the content is on
+    the next line (`Answer:\\n5`) that line is used. If the line holds a box, the box content
+    is returned.
+
+    Args:
+      text: a model response.
+
+    Returns:
+      The stripped answer, or None if there is no non-empty `Answer:` line.
+    """
+    m = _answer_line_match(text)
+    if m is None:
+        return None
+    return _answer_from_match(text, m)
+
+
+def _answer_from_match(text: str, m: re.Match[str]) -> str | None:
+    start = m.end()
+    n = len(text)
+    while start < n and (text[start].isspace() or text[start] in _MARKDOWN_CHARS):
+        start += 1
+    stop = text.find("\n", start)
+    line = text[start : n if stop < 0 else stop]
+    if _last_box_start(line) is not None:
+        return extract_boxed(line)
+    line = _clean_line(line)
+    return line or None
+
+
+def extract_answer(text: str) -> str | None:
+    """Returns the model's final answer: whichever of `Answer:` line and box comes last.
+
+    Args:
+      text: a model response.
+
+    Returns:
+      The extracted answer string (not normalised), or None if the response states no
+      well-formed answer.
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    box = _last_box_start(text)
+    line = _answer_line_match(text)
+    if line is not None and (box is None or line.start() > box[0]):
+        return _answer_from_match(text, line)
+    if box is not None:  # also covers a box on the `Answer:` line itself
+        return _box_content(text, box[1])
+    return None

@@ -1,0 +1,216 @@
+"""String normalisation of math answers before comparison.
+
+`normalize_answer` maps surface variants of one answer to one string, so most equivalent
+answers already match as strings and never need sympy:
+
+* math delimiters (`$`, `\\(`, `\\[`), `\\displaystyle`, a whole-answer `\\boxed{}`, outer
+  braces and a trailing `.` are removed;
+* `\\dfrac`/`\\tfrac` become `\\frac`; `\\frac12` becomes `\\frac{1}{2}`, `\\sqrt2`
+  becomes `\\sqrt{2}`, a whole-answer `a/b` of integers becomes `\\frac{a}{b}`;
+* `\\left`/`\\right`/`\\big`, spacing commands (`\\,`, `\\!`, `\\quad`, `~`) and all
+  whitespace go (one space is kept between a command and a following letter: `\\pi r`);
+* `\\text{}`-like groups are unwrapped, except a trailing group of plain words after some
+  math, which is a unit (`5\\text{ cm}` -> `5`); trailing unit words (`5 cm`, `12 dollars`),
+  degrees (`^\\circ`) and percent signs are removed, so `50\\%` matches `50` (but *not*
+  `0.5`: a percentage and a fraction are different answers to most questions);
+* thousands separators are removed only when the whole answer is one number
+  (`1,000`, `1{,}000`, `1\\,000`), never inside tuples: `(1,000)` stays a pair;
+* `x = 5` (a single short variable on the left) becomes `5`;
+* a few Unicode symbols become LaTeX (`π`, `√`, `−`, `×`, `≤`); pure words are lowercased.
+
+Every step is a linear scan or a regex without nested or adjacent unbounded quantifiers over
+the same characters, so adversarial inputs cannot trigger catastrophic backtracking.
+"""
+
+from __future__ import annotations
+
+import re
+
+from da3po_jax.rewards.extract import find_closing_brace
+
+__all__ = ["normalize_answer", "strip_outer_braces"]
+
+_UNICODE = {
+    "\u03c0": "\\pi ",
+    "\u221e": "\\infty ",
+    "\u2212": "-",
+    "\u00d7": "\\times ",
+    "\u00b7": "\\cdot ",
+    "\u22c5": "\\cdot ",
+    "\u00f7": "\\div ",
+    "\u221a": "\\sqrt ",
+    "\u2264": "\\leq ",
+    "\u2265": "\\geq ",
+    "\u2260": "\\neq ",
+    "\u00b0": "",
+    "\u2013": "-",
+    "\u00a0": " ",
+}
+_LITERAL = (
+    ("\\dfrac", "\\frac"),
+    ("\\tfrac", "\\frac"),
+    ("\\dbinom", "\\binom"),
+    ("\\tbinom", "\\binom"),
+    ("\\displaystyle", ""),
+    ("\\$", ""),
+    ("$", ""),
+    ("\\(", ""),
+    ("\\)", ""),
+    ("\\[", ""),
+    ("\\]", ""),
+    ("^{\\circ}", ""),
+    ("^\\circ", ""),
+    ("\\circ", ""),
+    ("\\%", ""),
+    ("%", ""),
+    ("{,}", ","),
+    ("**", "^"),
+)
+_SIZING_RE = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)(?![a-zA-Z])")
+_SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:en|thin)space(?![a-zA-Z])|~")
+_RELATION_RE = re.compile(r"\\(le|ge|ne)(?![a-zA-Z])")
+_TEXT_RE = re.compile(
+    r"\\(?:text|textbf|textrm|textit|textnormal|textup|mathrm|mathbf|mathit|mbox|hbox)\s*\{"
+)
+_UNIT_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z .]*")
+_UNIT_POWER_RE = re.compile(r"\^\{?[23]\}?")
+_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:(?:,|\s)\d{3})+(?:\.\d+)?")
+_WHITESPACE_RE = re.compile(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+")
+_EQUATION_SPLIT_RE = re.compile(r"=|\\in(?![a-zA-Z])")
+_EQUATION_LHS_RE = re.compile(r"[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?|\\[a-zA-Z]{2,8}")
+_FRAC_FIXES = (
+    (re.compile(r"\\frac(\d|[a-zA-Z])(\d|[a-zA-Z])"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\frac(\d|[a-zA-Z])\{"), r"\\frac{\1}{"),
+    (re.compile(r"\\frac\{([^{}]{0,200})\}(\d|[a-zA-Z])"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\sqrt(\d|[a-zA-Z])"), r"\\sqrt{\1}"),
+)
+_SLASH_FRACTION_RE = re.compile(r"([+-]?)(\d+)/(\d+)")
+_LEADING_DOT_RE = re.compile(r"(?<![\d}])\.(\d)")
+_WORD_RE = re.compile(r"[A-Za-z]{2,}")
+
+UNIT_WORDS = frozenset(
+    """
+    unit units square sq cubic cm mm km m meter meters metre metres centimeter centimeters
+    millimeter millimeters kilometer kilometers inch inches ft foot feet yard yards yd mile
+    miles degree degrees deg dollar dollars cent cents second seconds sec minute minutes min
+    hour hours hr hrs day days week weeks month months year years gram grams g kg kilogram
+    kilograms pound pounds lb lbs ounce ounces oz liter liters litre litres ml mph people
+    students ways cups cup points
+""".split()
+)
+
+
+def _replace_text_groups(s: str) -> str:
+    """Unwraps `\\text{...}`-like groups; drops a trailing word-only group (a unit)."""
+    out = []
+    pos = 0
+    while True:
+        m = _TEXT_RE.search(s, pos)
+        if m is None:
+            break
+        close = find_closing_brace(s, m.end() - 1)
+        if close is None:
+            break  # unbalanced: leave the rest untouched
+        content = s[m.end() : close]
+        rest = s[close + 1 :].strip()
+        prefix = "".join(out) + s[pos : m.start()]
+        is_unit = (
+            _UNIT_TEXT_RE.fullmatch(content.strip()) is not None
+            and prefix.strip() != ""
+            and (rest == "" or _UNIT_POWER_RE.fullmatch(rest) is not None)
+        )
+        out.append(s[pos : m.start()])
+        if is_unit:
+            return "".join(out)
+        out.append(content)
+        pos = close + 1
+    out.append(s[pos:])
+    return "".join(out)
+
+
+def _strip_trailing_units(s: str) -> str:
+    """Removes up to three trailing unit words (`5 square cm` -> `5`) after a number."""
+    for _ in range(3):
+        t = s.rstrip()
+        j = len(t)
+        while j > 0 and not t[j - 1].isspace():
+            j -= 1
+        word, head = t[j:], t[:j].rstrip()
+        m = _UNIT_POWER_RE.search(word)
+        if m is not None and m.end() == len(word):
+            word = word[: m.start()]
+        if not head or word.lower() not in UNIT_WORDS or not any(c.isdigit() for c in head):
+            return s
+        s = head
+    return s
+
+
+def strip_outer_braces(s: str) -> str:
+    """Removes braces that enclose the whole string: `{{5}}` -> `5`."""
+    while s.startswith("{") and find_closing_brace(s, 0) == len(s) - 1:
+        s = s[1:-1].strip()
+    return s
+
+
+def _strip_box(s: str) -> str:
+    for command in ("\\boxed", "\\fbox"):
+        if s.startswith(command):
+            rest = s[len(command) :].lstrip()
+            if rest.startswith("{") and find_closing_brace(rest, 0) == len(rest) - 1:
+                return rest[1:-1].strip()
+    return s
+
+
+def _strip_equation_lhs(s: str) -> str:
+    """`x = 5` -> `5`, `x \\in [1, 2]` -> `[1, 2]` when the left side is a single variable."""
+    parts = _EQUATION_SPLIT_RE.split(s)
+    if len(parts) != 2:
+        return s
+    lhs, rhs = parts[0].strip(), parts[1].strip()
+    if _EQUATION_LHS_RE.fullmatch(lhs) and rhs:
+        return rhs
+    return s
+
+
+def _latex_cleanup(s: str) -> str:
+    """Delimiters, sizing and spacing commands, relation spellings, text groups, units."""
+    for k, v in _UNICODE.items():
+        if k in s:
+            s = s.replace(k, v)
+    for k, v in _LITERAL:
+        if k in s:
+            s = s.replace(k, v)
+    s = _SIZING_RE.sub("", s)
+    s = _SPACING_RE.sub(" ", s)
+    s = _RELATION_RE.sub(lambda m: "\\" + m.group(1) + "q", s)
+    s = _strip_box(s.strip())
+    s = _replace_text_groups(s)
+    s = _strip_trailing_units(s)
+    return s.strip()
+
+
+def normalize_answer(answer: str) -> str:
+    """Returns the canonical string form of an answer (see the module docstring).
+
+    Args:
+      answer: an extracted model answer or a reference answer.
+
+    Returns:
+      The normalised string (possibly empty).
+    """
+    s = _latex_cleanup(answer)
+    s = _strip_equation_lhs(s)
+    if _THOUSANDS_RE.fullmatch(s):
+        s = s.replace(",", "")
+    s = _WHITESPACE_RE.sub(lambda m: m.group(1) + " " if m.group(1) else "", s)
+    s = s.rstrip(".")
+    for pattern, repl in _FRAC_FIXES:
+        s = pattern.sub(repl, s)
+    s = strip_outer_braces(_strip_box(s))
+    m = _SLASH_FRACTION_RE.fullmatch(s)
+    if m is not None:
+        s = f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}"
+    s = _LEADING_DOT_RE.sub(r"0.\1", s)
+    if _WORD_RE.fullmatch(s):
+        s = s.lower()
+    return s

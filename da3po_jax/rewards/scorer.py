@@ -1,0 +1,422 @@
+"""Batch reward scoring with a hard per-response timeout in killable worker processes.
+
+`RewardScorer.score_batch(responses, references)` extracts each response's final answer
+(`extract_answer`), then decides equivalence with the reference:
+
+* in the parent process, with the cheap bounded stages (`fast_verdict`: normalised string
+  match, exact numbers, rational arithmetic): most answers are decided here without IPC;
+* otherwise in a worker process running the full check with sympy (`is_equivalent`), under
+  a hard timeout: a worker that runs past `timeout_s` is killed (SIGKILL) and replaced, and
+  its response scores `incorrect_reward` with status "timeout". A worker that crashes scores
+  status "error". Identical (answer, reference) pairs in a batch are checked once.
+
+Why processes that we manage ourselves, not `concurrent.futures.ProcessPoolExecutor`: an
+executor cannot cancel a running task, so one hung `sympy.simplify` would hold a worker
+forever; and signal-based timeouts (`signal.alarm`) only work in the main thread and cannot
+interrupt C code. Workers start with the `forkserver` method by default (never `fork`: the
+parent runs multithreaded JAX), ignore SIGINT (the parent owns shutdown), cap their address
+space (`memory_limit_mb` above what they use after start-up) and exit when the parent goes.
+
+The scorer is not thread-safe; use one per thread. Workers start lazily on the first batch
+that needs sympy and stay up until `close()` (or the end of a `with` block). As with any
+non-`fork` start method, a script that scores at import time must guard its entry point with
+`if __name__ == "__main__":` (the forkserver imports the main module).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from da3po_jax.rewards.extract import extract_answer
+from da3po_jax.rewards.verify import fast_verdict, is_equivalent
+
+__all__ = ["STATUSES", "BatchScores", "RewardScorer", "ScoreResult", "score_batch"]
+
+STATUSES = ("ok", "no_answer", "timeout", "error")
+VerifyFn = Callable[[str, str], bool]
+_Task = tuple[int, str, str]  # (task id, extracted answer, reference)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResult:
+    """The score of one response.
+
+    Attributes:
+      correct: whether the extracted answer is equivalent to the reference.
+      reward: `correct_reward` if correct else `incorrect_reward`.
+      extracted: the extracted final answer, or None if there is none.
+      status: "ok" (verification finished), "no_answer" (nothing extracted), "timeout"
+        (verification ran past the time limit) or "error" (verification crashed).
+    """
+
+    correct: bool
+    reward: float
+    extracted: str | None
+    status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchScores:
+    """Scores of a batch, in input order, and counters.
+
+    Attributes:
+      results: one `ScoreResult` per response, in input order.
+      stats: counts of each status in `STATUSES`, plus "correct", "total", "symbolic"
+        (distinct pairs sent to worker processes) and "worker_restarts".
+    """
+
+    results: list[ScoreResult]
+    stats: dict[str, int]
+
+    @property
+    def rewards(self) -> list[float]:
+        """The reward of each response, in input order."""
+        return [r.reward for r in self.results]
+
+    @property
+    def correct(self) -> list[bool]:
+        """Whether each response is correct, in input order."""
+        return [r.correct for r in self.results]
+
+
+def _limit_memory(memory_limit_mb: int | None) -> None:
+    """Caps the address space at the current size plus `memory_limit_mb` (Linux only)."""
+    if not memory_limit_mb:
+        return
+    try:
+        import resource
+
+        with open("/proc/self/status") as f:
+            vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+        limit = (vm_kb * 1024) + memory_limit_mb * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (OSError, ValueError, StopIteration, ImportError):
+        pass  # best effort: the timeout still bounds the damage
+
+
+def _worker_main(conn: Any, verify_fn: VerifyFn | None, memory_limit_mb: int | None) -> None:
+    """Worker loop: answers `(task_id, pred, ref)` with `(task_id, status, correct)`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if verify_fn is None:
+        verify_fn = is_equivalent
+        is_equivalent("\\sqrt{2}+x", "x+\\sqrt{3}")  # warm up sympy before reporting ready
+    _limit_memory(memory_limit_mb)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        task_id, pred, ref = task
+        try:
+            reply = (task_id, "ok", bool(verify_fn(pred, ref)))
+        except Exception:  # includes RecursionError and MemoryError (address-space cap)
+            reply = (task_id, "error", False)
+        conn.send(reply)
+
+
+class _Worker:
+    """One worker process, its pipe, and the task it is running (if any)."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        verify_fn: VerifyFn | None,
+        memory_limit_mb: int | None,
+        startup_timeout_s: float,
+    ):
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(
+            target=_worker_main,
+            args=(child_conn, verify_fn, memory_limit_mb),
+            daemon=True,
+            name="da3po-reward-worker",
+        )
+        self.proc.start()
+        child_conn.close()
+        self.ready = False
+        self.task: _Task | None = None
+        self.deadline = time.monotonic() + startup_timeout_s
+
+    @property
+    def waiting(self) -> bool:
+        return not self.ready or self.task is not None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        except (OSError, ValueError, AttributeError):
+            pass
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=1)
+        if self.proc.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+def _shutdown(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+    workers.clear()
+
+
+class _Pool:
+    """A fixed number of workers with hard per-task deadlines; dead workers are replaced."""
+
+    def __init__(
+        self,
+        num_workers: int,
+        verify_fn: VerifyFn | None,
+        start_method: str,
+        memory_limit_mb: int | None,
+        startup_timeout_s: float,
+    ):
+        self.ctx = multiprocessing.get_context(start_method)
+        self.num_workers = num_workers
+        self.verify_fn = verify_fn
+        self.memory_limit_mb = memory_limit_mb
+        self.startup_timeout_s = startup_timeout_s
+        self.workers: list[_Worker] = []
+        self.restarts = 0
+        self.startup_failures = 0
+
+    def _spawn(self) -> None:
+        self.workers.append(
+            _Worker(self.ctx, self.verify_fn, self.memory_limit_mb, self.startup_timeout_s)
+        )
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        self.workers.remove(w)
+        self.restarts += 1
+        if not w.ready:
+            self.startup_failures += 1
+            if self.startup_failures > 2 * self.num_workers + 2:
+                raise RuntimeError("reward worker processes keep failing to start")
+        self._spawn()
+
+    def _dispatch(self, w: _Worker, pending: collections.deque, timeout_s: float) -> None:
+        task = pending.popleft()
+        try:
+            w.conn.send(task)
+        except (OSError, ValueError):
+            pending.appendleft(task)  # the worker died while idle: not the task's fault
+            self._replace(w)
+            return
+        w.task = task
+        w.deadline = time.monotonic() + timeout_s
+
+    def _receive(self, w: _Worker, out: dict[int, tuple[str, bool]]) -> None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            if w.task is not None:
+                out[w.task[0]] = ("error", False)
+            self._replace(w)
+            return
+        if msg[0] == "ready":
+            w.ready, w.deadline = True, float("inf")
+            self.startup_failures = 0
+        elif w.task is not None and msg[0] == w.task[0]:
+            out[msg[0]] = (msg[1], bool(msg[2]))
+            w.task, w.deadline = None, float("inf")
+
+    def run(self, tasks: list[_Task], timeout_s: float) -> dict[int, tuple[str, bool]]:
+        """Runs every task; returns {task id: (status, correct)}."""
+        out: dict[int, tuple[str, bool]] = {}
+        pending = collections.deque(tasks)
+        while len(self.workers) < min(self.num_workers, len(tasks)):
+            self._spawn()
+        while len(out) < len(tasks):
+            for w in list(self.workers):
+                if w.ready and w.task is None and pending:
+                    self._dispatch(w, pending, timeout_s)
+            waiting = [w for w in self.workers if w.waiting]
+            assert waiting, "unfinished tasks but no busy or starting worker"
+            wait_s = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
+            ready = multiprocessing.connection.wait([w.conn for w in waiting], timeout=wait_s)
+            for w in waiting:
+                if w.conn in ready:
+                    self._receive(w, out)
+            now = time.monotonic()
+            for w in [w for w in self.workers if w.waiting and w.deadline <= now]:
+                if w.task is not None:
+                    out[w.task[0]] = ("timeout", False)
+                self._replace(w)
+        return out
+
+
+class RewardScorer:
+    """Scores responses against reference answers (see the module docstring).
+
+    Args:
+      num_workers: worker processes for the symbolic stage.
+      timeout_s: hard limit in seconds for one symbolic check in a worker.
+      correct_reward: reward of a correct response.
+      incorrect_reward: reward of any other response (wrong, no answer, timeout, error).
+      verify_fn: optional custom `(answer, reference) -> bool`, a picklable module-level
+        function. When given it replaces the math check entirely (no parent fast path):
+        every extracted answer goes to a worker.
+      start_method: multiprocessing start method: "forkserver" or "spawn" ("fork" is unsafe
+        with JAX's threads).
+      memory_limit_mb: address space a worker may add after start-up; None for no limit.
+      startup_timeout_s: time a new worker may take to import and warm up.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        correct_reward: float = 1.0,
+        incorrect_reward: float = 0.0,
+        verify_fn: VerifyFn | None = None,
+        start_method: str = "forkserver",
+        memory_limit_mb: int | None = 2048,
+        startup_timeout_s: float = 120.0,
+    ):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+        self.timeout_s = float(timeout_s)
+        self.correct_reward = float(correct_reward)
+        self.incorrect_reward = float(incorrect_reward)
+        self.verify_fn = verify_fn
+        self._pool = _Pool(num_workers, verify_fn, start_method, memory_limit_mb, startup_timeout_s)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool.workers)
+
+    def close(self) -> None:
+        """Stops the worker processes (a later batch starts new ones)."""
+        _shutdown(self._pool.workers)
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def score(self, response: str, reference: str) -> ScoreResult:
+        """Scores one response; see `score_batch`."""
+        return self.score_batch([response], [reference]).results[0]
+
+    def _decide_fast(self, answer: str, reference: str) -> tuple[str, bool] | None:
+        if self.verify_fn is not None:
+            return None
+        try:
+            verdict = fast_verdict(answer, reference)
+        except Exception:  # a bug must not stop training: score 0 and count it
+            return ("error", False)
+        return None if verdict is None else ("ok", verdict)
+
+    def score_batch(self, responses: Sequence[str], references: Sequence[str]) -> BatchScores:
+        """Scores `responses[i]` against `references[i]` for every i.
+
+        Args:
+          responses: model responses (full text; the final answer is extracted here).
+          references: reference answers (bare answers such as `\\frac{1}{2}`; a whole-answer
+            `\\boxed{}` is unwrapped).
+
+        Returns:
+          A `BatchScores` with results in input order and status counts.
+
+        Raises:
+          ValueError: if the two sequences differ in length.
+          TypeError: if a reference is not a string.
+        """
+        if len(responses) != len(references):
+            raise ValueError(f"{len(responses)} responses but {len(references)} references")
+        for ref in references:
+            if not isinstance(ref, str):
+                raise TypeError(f"references must be strings, got {type(ref).__name__}")
+        answers = [extract_answer(r) if isinstance(r, str) else None for r in responses]
+        decided: dict[tuple[str, str], tuple[str, bool]] = {}
+        tasks: list[_Task] = []
+        for answer, ref in zip(answers, references):
+            key = (answer, ref)
+            if answer is None or key in decided:
+                continue
+            fast = self._decide_fast(answer, ref)
+            if fast is not None:
+                decided[key] = fast
+            else:
+                decided[key] = ("pending", False)
+                tasks.append((len(tasks), answer, ref))
+        restarts_before = self._pool.restarts
+        if tasks:
+            for task_id, (status, correct) in self._pool.run(tasks, self.timeout_s).items():
+                decided[tasks[task_id][1:]] = (status, correct)
+        return self._assemble(
+            answers, references, decided, len(tasks), self._pool.restarts - restarts_before
+        )
+
+    def _assemble(
+        self,
+        answers: list[str | None],
+        references: Sequence[str],
+        decided: dict[tuple[str, str], tuple[str, bool]],
+        num_symbolic: int,
+        restarts: int,
+    ) -> BatchScores:
+        results = []
+        for answer, ref in zip(answers, references):
+            status, correct = ("no_answer", False) if answer is None else decided[(answer, ref)]
+            reward = self.correct_reward if correct else self.incorrect_reward
+            results.append(ScoreResult(correct, reward, answer, status))
+        stats = {s: 0 for s in STATUSES}
+        for r in results:
+            stats[r.status] += 1
+        stats.update(
+            correct=sum(r.correct for r in results),
+            total=len(results),
+            symbolic=num_symbolic,
+            worker_restarts=restarts,
+        )
+        return BatchScores(results, stats)
+
+
+def score_batch(
+    responses: Sequence[str],
+    references: Sequence[str],
+    *,
+    timeout_s: float = 5.0,
+    num_workers: int = 2,
+    correct_reward: float = 1.0,
+    incorrect_reward: float = 0.0,
+) -> BatchScores:
+    """One-shot `RewardScorer(...).score_batch(...)`; the workers are stopped afterwards.
+
+    A training loop should hold one `RewardScorer` instead, so that worker processes (which
+    only start when a batch needs sympy) are reused across steps.
+    """
+    with RewardScorer(
+        num_workers=num_workers,
+        timeout_s=timeout_s,
+        correct_reward=correct_reward,
+        incorrect_reward=incorrect_reward,
+    ) as s:
+        return s.score_batch(responses, references)

@@ -1,0 +1,246 @@
+"""Answer equivalence: normalised string match, then exact numbers, then sympy.
+
+The check runs in stages, cheapest first, and each stage either decides or passes on:
+
+1. the normalised strings are equal (`normalize_answer`) -> equivalent;
+2. tuples, intervals and lists (a top-level comma) are compared element by element: the
+   brackets must agree (`(1, 2)` is not `[1, 2]`), tuples and intervals in order, bare lists
+   and `\\{...\\}` sets in any order;
+3. both sides are plain numbers (`parse_number`: integers, decimals, fractions, scientific
+   notation, exact `Fraction`s) -> equal iff the values are equal;
+4. both sides parse with the whitelist parser (`latex.parse_math`) and evaluate to rationals
+   -> equal iff the values are equal; an answer outside the parser's subset (words,
+   relations, past a size cap) can only match by string, so -> not equivalent;
+5. otherwise sympy decides (`symbolic_equal`): the difference is zero after automatic
+   evaluation, or after `sympy.simplify`, or, with no free symbols, numerically to 1e-40.
+
+Stages 1-4 are pure Python with bounded cost and are what `fast_verdict` runs in the parent
+process; only stage 5 can be slow, and `RewardScorer` runs it in worker processes under a hard
+timeout. Numbers compare exactly: `0.333` is not `1/3`, and `50\\%` is `50`, not `0.5`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from da3po_jax.rewards.latex import Node, ParseError, eval_rational, parse_math, to_sympy
+from da3po_jax.rewards.normalize import normalize_answer
+from da3po_jax.rewards.numeric import TooLarge, parse_number
+
+__all__ = ["fast_verdict", "is_equivalent", "split_sequence", "symbolic_equal"]
+
+MAX_SEQUENCE_CHARS = 2_000
+MAX_SEQUENCE_ITEMS = 32
+MAX_SEQUENCE_NESTING = 4
+NUMERIC_TOLERANCE_DIGITS = 40
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+_UNORDERED = ("", "{}")
+
+
+def _top_level_split(s: str) -> list[str] | None:
+    """Splits at commas outside brackets; None if the brackets do not balance."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+            depth += 1 if s[i + 1] == "{" else -1
+            i += 2
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+        if depth < 0:
+            return None
+        i += 1
+    if depth != 0:
+        return None
+    parts.append(s[start:])
+    return parts
+
+
+def _enclosing(s: str) -> tuple[str, str]:
+    """(bracket kind, inner) if one bracket pair encloses all of `s`, else ("", s)."""
+    if s.startswith("\\{") and s.endswith("\\}") and len(s) >= 4:
+        inner = s[2:-2]
+        if _top_level_split(inner) is not None:
+            return "{}", inner
+    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
+        inner = s[1:-1]
+        if _top_level_split(inner) is not None:
+            return s[0] + s[-1], inner
+    return "", s
+
+
+def split_sequence(s: str) -> tuple[str, list[str]] | None:
+    """Splits a normalised tuple, interval, set or list into its elements.
+
+    Args:
+      s: a normalised answer.
+
+    Returns:
+      `(kind, elements)` with kind one of `"()"`, `"[]"`, `"(]"`, `"[)"`, `"{}"` (a set)
+      or `""` (a bare list), or None if `s` has no top-level comma (a single value).
+    """
+    kind, inner = _enclosing(s)
+    parts = _top_level_split(inner)
+    if parts is None or len(parts) < 2:
+        return None
+    return kind, parts
+
+
+def _sequence_verdict(
+    p: tuple[str, list[str]] | None, r: tuple[str, list[str]] | None, symbolic: bool, level: int
+) -> bool | None:
+    if p is None or r is None or level >= MAX_SEQUENCE_NESTING:
+        return False
+    (pk, pe), (rk, re_) = p, r
+    same_kind = pk == rk or (pk in _UNORDERED and rk in _UNORDERED)
+    if not same_kind or len(pe) != len(re_) or len(pe) > MAX_SEQUENCE_ITEMS:
+        return False
+    if pk in _UNORDERED:
+        return _unordered_verdict(pe, re_, symbolic, level)
+    undecided = False
+    for a, b in zip(pe, re_):
+        v = _verdict(a, b, symbolic, level + 1)
+        if v is False:
+            return False
+        undecided |= v is None
+    return None if undecided else True
+
+
+def _unordered_verdict(pe: list[str], re_: list[str], symbolic: bool, level: int) -> bool | None:
+    """Matches elements greedily (valid because equivalence is transitive)."""
+    unused = list(range(len(re_)))
+    for a in pe:
+        found = False
+        for j in unused:
+            v = _verdict(a, re_[j], symbolic, level + 1)
+            if v is None:
+                return None
+            if v:
+                unused.remove(j)
+                found = True
+                break
+        if not found:
+            return False
+    return True
+
+
+def _value_node(s: str) -> tuple[Node, Any]:
+    """(AST, exact value or None) of a normalised scalar answer."""
+    number = parse_number(s)
+    if number is not None:
+        return ("num", number), number
+    node = parse_math(s)
+    return node, eval_rational(node)
+
+
+def _scalar_verdict(p: str, r: str, symbolic: bool) -> bool | None:
+    if p == r:
+        return True
+    if not p or not r:
+        return False
+    try:
+        (pn, pv), (rn, rv) = _value_node(p), _value_node(r)
+    except (ParseError, TooLarge, RecursionError):
+        return False
+    if pv is not None and rv is not None:
+        return pv == rv
+    if not symbolic:
+        return None
+    return symbolic_equal(pn, rn)
+
+
+def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
+    p, r = p.strip(), r.strip()
+    if p == r:
+        return True
+    if len(p) <= MAX_SEQUENCE_CHARS and len(r) <= MAX_SEQUENCE_CHARS:
+        ps, rs = split_sequence(p), split_sequence(r)
+        if ps is not None or rs is not None:
+            return _sequence_verdict(ps, rs, symbolic, level)
+    return _scalar_verdict(p, r, symbolic)
+
+
+def fast_verdict(pred: str, ref: str) -> bool | None:
+    """Decides equivalence with the cheap stages 1-4 only (no sympy, bounded time).
+
+    Args:
+      pred: the extracted model answer (not yet normalised).
+      ref: the reference answer (not yet normalised).
+
+    Returns:
+      True or False when decided, None when only the symbolic stage can tell.
+    """
+    return _verdict(normalize_answer(pred), normalize_answer(ref), symbolic=False)
+
+
+def is_equivalent(pred: str, ref: str) -> bool:
+    """Full equivalence check, sympy included. Runs in-process with no timeout.
+
+    For untrusted model output at scale use `RewardScorer`, which runs this under a hard
+    per-response timeout in worker processes.
+
+    Args:
+      pred: the extracted model answer (not yet normalised).
+      ref: the reference answer (not yet normalised).
+
+    Returns:
+      Whether the answers are mathematically equivalent.
+    """
+    return bool(_verdict(normalize_answer(pred), normalize_answer(ref), symbolic=True))
+
+
+def _is_tiny(sympy: Any, diff: Any, scale: Any) -> bool:
+    digits = NUMERIC_TOLERANCE_DIGITS + 15
+    value = sympy.N(diff, digits)
+    magnitude = sympy.N(scale, digits)
+    if not (value.is_number and magnitude.is_number) or value.has(sympy.nan, sympy.zoo):
+        return False
+    bound = sympy.Float(10, digits) ** (-NUMERIC_TOLERANCE_DIGITS)
+    try:
+        return bool(abs(value) <= bound * max(sympy.Integer(1), abs(magnitude)))
+    except TypeError:  # not comparable (complex, infinite, ...)
+        return False
+
+
+def symbolic_equal(a: Node, b: Node) -> bool:
+    """Whether two parsed answers are equal according to sympy.
+
+    Equal if `a == b` structurally, or `a - b` is zero after sympy's automatic evaluation or
+    after `sympy.simplify`; for expressions without free symbols, also if
+    `|a - b| <= 1e-40 * max(1, |a|)` at 55 significant digits (catches identities simplify
+    misses; an exact rational difference is never rounded away). Infinities match only
+    structurally.
+
+    Args:
+      a: AST of the first answer (`latex.parse_math`).
+      b: AST of the second answer.
+
+    Returns:
+      True if equal; False if not, or if an operand would be too large to build.
+    """
+    import sympy
+
+    try:
+        x, y = to_sympy(a), to_sympy(b)
+    except (TooLarge, ZeroDivisionError):
+        return False
+    if x == y:  # also the only way infinities match (oo - oo is nan)
+        return True
+    diff = x - y
+    if diff == 0:
+        return True
+    if diff.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
+        return False
+    if diff.is_Rational:
+        return False
+    if sympy.simplify(diff) == 0:
+        return True
+    if diff.free_symbols or x.free_symbols or y.free_symbols:
+        return False
+    return _is_tiny(sympy, diff, x)
