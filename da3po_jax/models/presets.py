@@ -103,6 +103,21 @@ PRESETS: dict[str, ModelConfig] = {
         attention_bias=True,
         max_position_embeddings=1024,
     ),
+    # The embedded demo's policy (~0.9M parameters with a 512-token vocabulary).
+    "tiny-math": ModelConfig(
+        model_type="qwen2",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        max_position_embeddings=1024,
+    ),
 }
 
 

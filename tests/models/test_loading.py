@@ -55,9 +55,7 @@ def test_missing_tensor_is_named(qwen2_dir):
         qwen2_dir,
         lambda t: {k: v for k, v in t.items() if k != "model.layers.1.mlp.up_proj.weight"},
     )
-    with pytest.raises(
-        ValueError, match=r"missing tensors: \['model.layers.1.mlp.up_proj.wei"
-    ):
+    with pytest.raises(ValueError, match=r"missing tensors: \['model.layers.1.mlp.up_proj.wei"):
         load_model(qwen2_dir)
 
 

@@ -1,0 +1,142 @@
+"""Base configuration: every field the trainer reads, with its default.
+
+Recipes import `get_config()` from here and change a few fields. Fields left as
+placeholders (None) are filled from the algorithm preset (`config.algo`) at start-up, so
+`--config.algo=dapo` on the command line switches every dependent default, while an
+explicit `--config.loss.eps_high=0.3` still wins. See ALGORITHMS.md for the meaning of
+each RL field.
+"""
+
+from ml_collections import config_dict
+from ml_collections.config_dict import placeholder
+
+
+def get_config() -> config_dict.ConfigDict:
+    c = config_dict.ConfigDict()
+    c.algo = "da3po"  # grpo | dapo | da3po
+    c.stage = "rl"  # rl | sft
+    c.seed = 0
+
+    c.model = config_dict.ConfigDict()
+    c.model.path = ""  # HF folder (config.json + safetensors); "" = random init from preset
+    c.model.preset = "tiny-qwen2"  # used when path is ""
+    c.model.param_dtype = "float32"
+    c.model.dtype = "float32"
+    c.model.logits_chunk = 512
+    c.model.remat = False
+    c.model.init_checkpoint = ""  # HF folder to start RL from (e.g. an SFT export)
+
+    c.tokenizer = config_dict.ConfigDict()
+    c.tokenizer.path = ""  # "" = the model folder
+    c.tokenizer.build_tiny = False  # build the tiny BPE tokenizer in the workdir
+    c.tokenizer.vocab_size = 512  # of the tiny tokenizer
+    c.tokenizer.system_prompt = ""
+
+    c.data = config_dict.ConfigDict()
+    c.data.source = "synthetic"  # synthetic | jsonl | parquet | tfds
+    c.data.train_path = ""
+    c.data.eval_path = ""
+    c.data.prompt_field = ""  # "" = first of prompt / problem / question (dotted paths ok)
+    c.data.answer_field = ""  # "" = first of answer / reward_model.ground_truth / solution
+    c.data.answer_mode = "auto"  # auto | raw | boxed | gsm8k
+    c.data.dedupe = False
+    c.data.template = "dapo"  # dapo | boxed | tiny | raw | a string with {problem}
+    c.data.tfds_name = ""  # e.g. "gsm8k" for data.source = "tfds"
+    c.data.eval_split = "test"  # TFDS split for eval
+    c.data.synthetic_train = 4000
+    c.data.synthetic_eval = 300
+    c.data.synthetic_sft = 4000
+
+    c.rollout = config_dict.ConfigDict()
+    c.rollout.prompts_per_round = 16  # prompts in one generation round
+    c.rollout.group_size = 8  # G samples per prompt
+    c.rollout.prompt_buckets = (64, 128, 256, 512, 1024, 2048)
+    c.rollout.max_new_tokens = 64
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.logp_old = "sampler"  # sampler | recompute
+
+    c.rl = config_dict.ConfigDict()
+    c.rl.train_prompts = 16  # groups per optimizer step batch
+    c.rl.mini_batch_prompts = 8  # groups per optimizer update
+    c.rl.micro_batch_prompts = 0  # 0 = whole mini-batch in one pass
+    c.rl.num_iterations = 1
+
+    c.adv = config_dict.ConfigDict()
+    c.adv.norm = "std"  # std | none (Dr.GRPO)
+    c.adv.std_ddof = 1
+    c.adv.eps = 1e-6
+
+    c.ds = config_dict.ConfigDict()
+    c.ds.enable = placeholder(bool)
+    c.ds.metric = "acc"
+    c.ds.max_rounds = 4
+
+    c.daa = config_dict.ConfigDict()
+    c.daa.enable = placeholder(bool)
+    c.daa.estimator = "power"  # power | bayes | history
+    c.daa.tau = 0.5
+    c.daa.beta = 0.5
+    c.daa.lambda_max = 4.0
+    c.daa.gamma = 0.5
+    c.daa.prior_ema = 0.9
+    c.daa.history_decay = 0.5
+    c.daa.apply_to = "correct"  # correct | both (control)
+
+    c.overlong = config_dict.ConfigDict()
+    c.overlong.filter = placeholder(bool)
+    c.overlong.buffer = placeholder(int)  # tokens
+    c.overlong.penalty = 1.0
+
+    c.loss = config_dict.ConfigDict()
+    c.loss.eps_low = 0.2
+    c.loss.eps_high = placeholder(float)
+    c.loss.clip_ratio_c = 3.0
+    c.loss.ratio_level = "token"
+    c.loss.agg = placeholder(str)
+    c.loss.kl_coef = 0.0
+    c.loss.kl_estimator = "k3"
+
+    c.reward = config_dict.ConfigDict()
+    c.reward.correct = 1.0
+    c.reward.incorrect = 0.0
+    c.reward.timeout_s = 5.0
+    c.reward.num_workers = 2
+
+    c.optim = config_dict.ConfigDict()
+    c.optim.lr = 1e-6
+    c.optim.warmup_steps = 20
+    c.optim.schedule = "constant"  # constant | cosine
+    c.optim.weight_decay = 0.01
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.grad_clip = 1.0
+
+    c.train = config_dict.ConfigDict()
+    c.train.steps = 100
+    c.train.eval_every = 20
+    c.train.checkpoint_every = 20
+    c.train.keep_checkpoints = 2
+    c.train.log_every = 1
+    c.train.wandb_project = ""  # "" = no W&B
+
+    c.eval = config_dict.ConfigDict()
+    c.eval.num_samples = 4  # k of avg@k / pass@k
+    c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.max_prompts = 256
+    c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
+    c.eval.prompts_per_call = 64
+
+    c.sft = config_dict.ConfigDict()
+    c.sft.enable = False  # warm start before RL (cached in the workdir)
+    c.sft.steps = 300
+    c.sft.batch_size = 32
+    c.sft.lr = 3e-3
+    c.sft.warmup_steps = 20
+    c.sft.max_len = 128
+
+    c.mesh = config_dict.ConfigDict()
+    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = fill with the remaining devices
+    return c

@@ -1,0 +1,211 @@
+"""Config resolution and validation, done once at start-up.
+
+`resolve_config` fills the placeholders of `configs/base.py` from the algorithm preset,
+checks every field the trainer reads (an error names the field, its value and what is
+allowed) and returns an immutable config; training code never mutates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ml_collections import config_dict
+
+from da3po_jax.rl import AGG_MODES, AdvantageConfig, DAAConfig, LossConfig
+
+ALGORITHMS = ("grpo", "dapo", "da3po")
+
+
+def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
+    """Defaults that define each algorithm (ALGORITHMS.md): GRPO = std-normalised group
+    advantages, symmetric clip, sequence-mean loss; DAPO = dynamic sampling, clip-higher,
+    token-level loss, soft overlong punishment over the last fifth of the length cap (the
+    DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA."""
+    if algo == "grpo":
+        return {
+            "ds.enable": False,
+            "daa.enable": False,
+            "overlong.filter": False,
+            "overlong.buffer": 0,
+            "loss.eps_high": 0.2,
+            "loss.agg": "seq-mean-token-mean",
+        }
+    dapo = {
+        "ds.enable": True,
+        "daa.enable": False,
+        "overlong.filter": False,
+        "overlong.buffer": max_new_tokens // 5,
+        "loss.eps_high": 0.28,
+        "loss.agg": "token-mean",
+    }
+    if algo == "dapo":
+        return dapo
+    return {**dapo, "daa.enable": True}
+
+
+def _choice(*allowed) -> Callable[[Any], str | None]:
+    return lambda v: None if v in allowed else f"must be one of {list(allowed)}"
+
+
+def _positive(v) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _unit(v) -> str | None:
+    return None if 0 <= v <= 1 else "must be in [0, 1]"
+
+
+_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "algo": _choice(*ALGORITHMS),
+    "stage": _choice("rl", "sft"),
+    "model.param_dtype": _choice("float32", "bfloat16"),
+    "model.dtype": _choice("float32", "bfloat16"),
+    "model.logits_chunk": _positive,
+    "data.source": _choice("synthetic", "jsonl", "parquet", "tfds"),
+    "rollout.prompts_per_round": _positive,
+    "rollout.group_size": lambda v: None if v >= 2 else "must be >= 2 (group advantages)",
+    "rollout.max_new_tokens": _positive,
+    "rollout.temperature": _non_negative,
+    "rollout.top_p": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
+    "rollout.top_k": _non_negative,
+    "rollout.logp_old": _choice("sampler", "recompute"),
+    "rl.train_prompts": _positive,
+    "rl.mini_batch_prompts": _positive,
+    "rl.micro_batch_prompts": _non_negative,
+    "rl.num_iterations": _positive,
+    "adv.norm": _choice("std", "none"),
+    "adv.std_ddof": _choice(0, 1),
+    "ds.metric": _choice("acc", "reward"),
+    "ds.max_rounds": _positive,
+    "daa.estimator": _choice("power", "bayes", "history"),
+    "daa.tau": lambda v: None if 0 < v < 1 else "must be in (0, 1)",
+    "daa.lambda_max": lambda v: None if v >= 1 else "must be >= 1",
+    "daa.prior_ema": _unit,
+    "daa.history_decay": _unit,
+    "daa.apply_to": _choice("correct", "both"),
+    "overlong.buffer": _non_negative,
+    "loss.eps_low": lambda v: None if 0 <= v < 1 else "must be in [0, 1)",
+    "loss.eps_high": _non_negative,
+    "loss.clip_ratio_c": lambda v: None if v > 1 else "must be > 1",
+    "loss.ratio_level": _choice("token", "sequence"),
+    "loss.agg": _choice(*AGG_MODES),
+    "loss.kl_coef": _non_negative,
+    "loss.kl_estimator": _choice("k1", "k3"),
+    "reward.timeout_s": _positive,
+    "reward.num_workers": _non_negative,
+    "optim.lr": _positive,
+    "optim.warmup_steps": _non_negative,
+    "optim.schedule": _choice("constant", "cosine"),
+    "optim.grad_clip": _non_negative,
+    "train.steps": _non_negative,
+    "train.eval_every": _non_negative,
+    "train.checkpoint_every": _non_negative,
+    "eval.num_samples": _positive,
+    "eval.max_prompts": _non_negative,
+    "sft.steps": _non_negative,
+    "sft.batch_size": _positive,
+    "sft.max_len": _positive,
+}
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _set(cfg, dotted: str, value):
+    *parents, leaf = dotted.split(".")
+    node = cfg
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+
+
+def resolve_config(config: config_dict.ConfigDict) -> config_dict.FrozenConfigDict:
+    """Fills algorithm defaults into unset fields, validates, and freezes the config.
+
+    Raises:
+      ValueError: naming the first bad field, its value and what it must be.
+    """
+    cfg = config_dict.ConfigDict(config.to_dict())  # a copy; the caller's stays untouched
+    algo_err = _CHECKS["algo"](cfg.algo)
+    if algo_err:
+        raise ValueError(f"config.algo={cfg.algo!r} {algo_err}")
+    for key, value in algorithm_preset(cfg.algo, cfg.rollout.max_new_tokens).items():
+        if _get(cfg, key) is None:
+            _set(cfg, key, value)
+    for key, check in _CHECKS.items():
+        value = _get(cfg, key)
+        problem = "is unset" if value is None else check(value)
+        if problem:
+            raise ValueError(f"config.{key}={value!r} {problem}")
+    _check_relations(cfg)
+    return config_dict.FrozenConfigDict(cfg)
+
+
+def _check_relations(cfg) -> None:
+    rl = cfg.rl
+    if rl.train_prompts % rl.mini_batch_prompts:
+        raise ValueError(
+            f"config.rl.mini_batch_prompts={rl.mini_batch_prompts} must divide "
+            f"config.rl.train_prompts={rl.train_prompts}"
+        )
+    if rl.micro_batch_prompts and rl.mini_batch_prompts % rl.micro_batch_prompts:
+        raise ValueError(
+            f"config.rl.micro_batch_prompts={rl.micro_batch_prompts} must divide "
+            f"config.rl.mini_batch_prompts={rl.mini_batch_prompts}"
+        )
+    if cfg.overlong.buffer > cfg.rollout.max_new_tokens:
+        raise ValueError(
+            f"config.overlong.buffer={cfg.overlong.buffer} exceeds "
+            f"config.rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
+    if not cfg.model.path and not cfg.model.preset:
+        raise ValueError("config.model.path and config.model.preset are both empty")
+    if cfg.data.source in ("jsonl", "parquet") and not cfg.data.train_path:
+        raise ValueError(f"config.data.train_path is required for data.source={cfg.data.source!r}")
+    if len(tuple(cfg.mesh.shape)) != 3:
+        raise ValueError(
+            f"config.mesh.shape={tuple(cfg.mesh.shape)} must have 3 entries (data, fsdp, tensor)"
+        )
+
+
+def loss_config(cfg) -> LossConfig:
+    lc = cfg.loss
+    return LossConfig(
+        eps_low=lc.eps_low,
+        eps_high=lc.eps_high,
+        clip_ratio_c=lc.clip_ratio_c,
+        ratio_level=lc.ratio_level,
+        agg=lc.agg,
+        kl_coef=lc.kl_coef,
+        kl_estimator=lc.kl_estimator,
+    )
+
+
+def advantage_config(cfg) -> AdvantageConfig:
+    return AdvantageConfig(norm=cfg.adv.norm, std_ddof=cfg.adv.std_ddof, eps=cfg.adv.eps)
+
+
+def daa_config(cfg) -> DAAConfig | None:
+    """The DAA settings, or None when DAA is off (GRPO, DAPO)."""
+    if not cfg.daa.enable:
+        return None
+    d = cfg.daa
+    return DAAConfig(
+        estimator=d.estimator,
+        tau=d.tau,
+        beta=d.beta,
+        lambda_max=d.lambda_max,
+        gamma=d.gamma,
+        prior_ema=d.prior_ema,
+        history_decay=d.history_decay,
+        apply_to=d.apply_to,
+    )

@@ -1,0 +1,75 @@
+"""Held-out evaluation: avg@k (mean accuracy over k samples) and pass@k, by tier.
+
+Prompts go through the sampler in fixed-size calls (the last call is padded by repeating
+prompts, whose results are dropped) so evaluation compiles once per bucket.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from da3po_jax.data import MathProblem
+from da3po_jax.sampling import GenerateConfig
+from da3po_jax.train.rollout import Rollout
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate(
+    rollout: Rollout,
+    params,
+    problems: Sequence[MathProblem],
+    gen: GenerateConfig,
+    prompts_per_call: int,
+    rng: jax.Array,
+) -> dict[str, float]:
+    """avg@k and pass@k over `problems` (k = gen.num_samples), overall and per tier.
+
+    Returns:
+      `eval/avg@k`, `eval/pass@k`, `eval/avg@k/<tier>`, `eval/pass@k/<tier>`,
+      `eval/response_len`, `eval/truncated_frac`, `eval/num_prompts`.
+    """
+    k = gen.num_samples
+    per_prompt: list[np.ndarray] = []
+    lengths, truncated = [], []
+    for start in range(0, len(problems), prompts_per_call):
+        chunk = list(problems[start : start + prompts_per_call])
+        real = len(chunk)
+        chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
+        out, correct, _, _, _ = rollout.sample_and_score(
+            params, chunk, jax.random.fold_in(rng, start), gen
+        )
+        per_prompt.extend(correct[:real])
+        lengths.append(np.asarray(out.lengths)[:real])
+        truncated.append(np.asarray(out.truncated)[:real])
+    acc = np.stack(per_prompt) if per_prompt else np.zeros((0, k))
+    tiers = defaultdict(list)
+    for p, row in zip(problems, acc):
+        tiers[p.tier or "all"].append(row)
+    metrics = _summary(acc, k, "")
+    for tier, rows in sorted(tiers.items()):
+        if tier != "all":
+            metrics.update(_summary(np.stack(rows), k, f"/{tier}"))
+    metrics["eval/response_len"] = float(np.concatenate(lengths).mean()) if lengths else 0.0
+    metrics["eval/truncated_frac"] = float(np.concatenate(truncated).mean()) if lengths else 0.0
+    metrics["eval/num_prompts"] = float(len(problems))
+    return metrics
+
+
+def _summary(acc: np.ndarray, k: int, suffix: str) -> dict[str, float]:
+    if acc.size == 0:
+        return {}
+    passes = [pass_at_k(k, int(row.sum()), k) for row in acc]
+    return {
+        f"eval/avg@{k}{suffix}": float(acc.mean()),
+        f"eval/pass@{k}{suffix}": float(np.mean(passes)),
+    }

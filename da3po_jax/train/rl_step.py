@@ -1,0 +1,245 @@
+"""The jitted RL update: advantages (GRPO, DAA), overlong shaping and the clipped loss over
+`num_iterations` passes of mini-batch AdamW updates, as one pure function of arrays.
+
+Shapes are fixed per run: a batch holds `train_prompts` groups of G responses; empty
+dynamic-sampling slots are masked by `valid`. The loss normaliser of each mini-batch is
+computed once over the whole mini-batch and shared by its micro-batches, so micro-batching
+does not change the gradient (ALGORITHMS.md, "Loss aggregation").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from da3po_jax.models import positions_from_mask
+from da3po_jax.rl import (
+    AdvantageConfig,
+    BetaPrior,
+    DAAConfig,
+    LossConfig,
+    OverlongConfig,
+    PromptHistory,
+    apply_overlong,
+    compute_advantages,
+    da3po_loss,
+    expand_group_mask,
+    loss_normalizer,
+)
+from da3po_jax.train.state import TrainState
+
+
+@struct.dataclass
+class GroupBatch:
+    """Sampled groups, leading axis N groups (a dynamic-sampling buffer's items).
+
+    Attributes:
+      prompt_tokens: [N, Tp] int32, left-padded prompts.
+      prompt_mask: [N, Tp] bool.
+      tokens: [N, G, Tn] int32 responses.
+      response_mask: [N, G, Tn] bool, 1 on response tokens up to and including EOS.
+      logp_old: [N, G, Tn] float32 sampler (temperature-1) log-probs.
+      rewards: [N, G] float32 verifier rewards (overlong shaping is applied in the step).
+      correct: [N, G] float32 verifier verdicts c in {0, 1}.
+      lengths: [N, G] int32 response lengths.
+      truncated: [N, G] bool, hit the length cap without EOS.
+      prompt_index: [N] int32 dataset index of the prompt (history estimator, metrics).
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    tokens: jax.Array
+    response_mask: jax.Array
+    logp_old: jax.Array
+    rewards: jax.Array
+    correct: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+    prompt_index: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RLStepConfig:
+    """Static settings of the update (hashable)."""
+
+    group_size: int
+    mini_batch_prompts: int
+    micro_batch_prompts: int
+    num_iterations: int
+    loss: LossConfig
+    adv: AdvantageConfig
+    daa: DAAConfig | None
+    overlong: OverlongConfig
+    recompute_logp_old: bool = False
+
+
+def response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, response_mask):
+    """Teacher-forced log-probs and entropies of responses [R, Tn] given their prompts.
+
+    The sequence is prompt ++ response; the log-prob of response token t is read at the
+    position before it, so positions match the sampler's (prompt length + t).
+    """
+    model = nnx.merge(graphdef, params)
+    tp = prompt_tokens.shape[1]
+    full = jnp.concatenate([prompt_tokens, tokens], axis=1)
+    attn = jnp.concatenate([prompt_mask, response_mask], axis=1)
+    targets = jnp.concatenate([full[:, 1:], jnp.zeros_like(full[:, :1])], axis=1)
+    logp, ent = model.token_logprobs(full, positions_from_mask(attn), attn, targets)
+    tn = tokens.shape[1]
+    return logp[:, tp - 1 : tp - 1 + tn], ent[:, tp - 1 : tp - 1 + tn]
+
+
+def _rows(batch: GroupBatch, g: int) -> dict[str, jax.Array]:
+    """Per-response rows [N * G, ...] of the batch (prompts repeated for their G samples)."""
+    n = batch.tokens.shape[0]
+    flat = lambda x: x.reshape(n * g, *x.shape[2:])
+    return {
+        "prompt_tokens": jnp.repeat(batch.prompt_tokens, g, axis=0),
+        "prompt_mask": jnp.repeat(batch.prompt_mask, g, axis=0),
+        "tokens": flat(batch.tokens),
+        "response_mask": flat(batch.response_mask),
+        "logp_old": flat(batch.logp_old),
+    }
+
+
+def _advantages(batch, valid, cfg: RLStepConfig, prior, history):
+    g = cfg.group_size
+    n = batch.tokens.shape[0]
+    valid_resp = expand_group_mask(valid, g)
+    rows_mask = batch.response_mask.reshape(n * g, -1) & valid_resp[:, None]
+    rewards, loss_mask = apply_overlong(
+        batch.rewards.reshape(-1),
+        batch.lengths.reshape(-1),
+        batch.truncated.reshape(-1),
+        rows_mask,
+        cfg.overlong,
+    )
+    correct = batch.correct.reshape(-1)
+    adv, metrics = compute_advantages(
+        rewards,
+        correct,
+        g,
+        config=cfg.adv,
+        valid=valid_resp,
+        daa=cfg.daa,
+        group_valid=valid,
+        prior=prior,
+        history=history,
+    )
+    base, _ = compute_advantages(rewards, correct, g, config=cfg.adv, valid=valid_resp)
+    amplified = jnp.abs(adv) > jnp.abs(base)
+    metrics["reward/shaped_mean"] = (rewards * valid_resp).sum() / jnp.maximum(valid_resp.sum(), 1)
+    return adv, loss_mask, amplified, metrics
+
+
+def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer):
+    """Gradient of one mini-batch, accumulated over its micro-batches (shared normaliser)."""
+    g = cfg.group_size
+    micro_rows = (cfg.micro_batch_prompts or cfg.mini_batch_prompts) * g
+    n_micro = mb["tokens"].shape[0] // micro_rows
+    split = jax.tree.map(lambda x: x.reshape(n_micro, micro_rows, *x.shape[1:]), mb)
+
+    def loss_fn(p, m):
+        logp, ent = response_logprobs(
+            graphdef, p, m["prompt_tokens"], m["prompt_mask"], m["tokens"], m["response_mask"]
+        )
+        return da3po_loss(
+            logp,
+            m["logp_old"],
+            m["adv"],
+            m["loss_mask"],
+            config=cfg.loss,
+            logp_ref=m.get("logp_ref"),
+            normalizer=normalizer,
+            entropy=ent,
+            amplified=m["amplified"],
+        )
+
+    def body(acc, m):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, m)
+        acc_grads, acc_loss = acc
+        return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros(())), split)
+    return grads, loss, metrics
+
+
+def token_weighted_mean(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Averages stacked per-(micro-)batch metrics weighted by their token counts, so an
+    empty micro-batch (all slots masked) does not drag the averages towards 0."""
+    weights = metrics["loss/num_tokens"].reshape(-1)
+    total = jnp.maximum(weights.sum(), 1e-9)
+    out = {k: (v.reshape(-1) * weights).sum() / total for k, v in metrics.items()}
+    out["loss/num_tokens"] = weights.sum()
+    out["loss/ratio_max"] = metrics["loss/ratio_max"].max()
+    return out
+
+
+def rl_update(
+    graphdef: Any,
+    tx: optax.GradientTransformation,
+    cfg: RLStepConfig,
+    state: TrainState,
+    batch: GroupBatch,
+    valid: jax.Array,
+    prior: BetaPrior | None = None,
+    history: PromptHistory | None = None,
+    ref_params: Any = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One RL training step on a batch of groups (jit with graphdef, tx, cfg static).
+
+    Args:
+      state: the `TrainState` (donate it).
+      batch: `GroupBatch` of N = train_prompts groups.
+      valid: [N] bool, slots that hold a kept group.
+      prior, history: DAA estimator inputs (bayes / history), else None.
+      ref_params: frozen reference parameters when the loss has a KL term.
+
+    Returns:
+      (new state, scalar metrics).
+    """
+    g = cfg.group_size
+    adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, history)
+    rows = _rows(batch, g)
+    rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
+    if cfg.recompute_logp_old or ref_params is not None:
+        fwd = jax.jit(response_logprobs, static_argnums=0)
+        args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
+        if cfg.recompute_logp_old:
+            rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, state.params, *args)[0])
+        if ref_params is not None:
+            rows["logp_ref"] = jax.lax.stop_gradient(fwd(graphdef, ref_params, *args)[0])
+
+    mb_rows = cfg.mini_batch_prompts * g
+    n_mb = rows["tokens"].shape[0] // mb_rows
+    minibatches = jax.tree.map(lambda x: x.reshape(n_mb, mb_rows, *x.shape[1:]), rows)
+
+    def update(carry, mb):
+        params, opt_state = carry
+        norm = loss_normalizer(mb["loss_mask"], cfg.loss.agg)
+        grads, loss, mb_metrics = _microbatch_grads(graphdef, params, mb, cfg, norm)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        mb_metrics = {**mb_metrics, "loss/total": loss, "optim/grad_norm": optax.global_norm(grads)}
+        return (params, opt_state), mb_metrics
+
+    carry = (state.params, state.opt_state)
+    step_metrics = []
+    for _ in range(cfg.num_iterations):
+        carry, m = jax.lax.scan(update, carry, minibatches)
+        step_metrics.append(m)
+    params, opt_state = carry
+    stacked = {k: jnp.stack([m[k] for m in step_metrics]) for k in step_metrics[0]}
+    grad_norm, total = stacked.pop("optim/grad_norm"), stacked.pop("loss/total")
+    metrics.update(token_weighted_mean(stacked))
+    metrics["optim/grad_norm"] = grad_norm.mean()
+    metrics["loss/total"] = total.mean()
+    metrics["optim/updates"] = jnp.asarray(cfg.num_iterations * n_mb, jnp.float32)
+    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new_state, metrics

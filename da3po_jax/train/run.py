@@ -1,0 +1,189 @@
+"""`train(config, workdir)`: the one library call behind `python -m da3po_jax.main`.
+
+Builds the run from a resolved config: tokenizer, policy (from a HF folder, an SFT warm
+start cached in the workdir, or random init), data, reward workers; then runs the SFT
+stage or the RL loop, writes plots and a summary, and exports the final policy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+from flax import nnx
+
+from da3po_jax.models import save_model
+from da3po_jax.rewards import RewardScorer
+from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.train import config as config_lib
+from da3po_jax.train.evaluation import evaluate
+from da3po_jax.train.logger import MetricsLogger, plot_curves
+from da3po_jax.train.rollout import PromptEncoder, Rollout
+from da3po_jax.train.setup import (
+    load_datasets,
+    policy_model,
+    prompt_renderer,
+    tokenizer_for,
+)
+from da3po_jax.train.sft import build_sft_arrays, run_sft
+from da3po_jax.train.state import init_train_state, make_optimizer
+from da3po_jax.train.trainer import RLTrainer
+
+log = logging.getLogger(__name__)
+
+
+def _log_to_file(workdir: str) -> None:
+    handler = logging.FileHandler(os.path.join(workdir, "log.txt"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ours = logging.getLogger("da3po_jax")
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+
+
+def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str):
+    """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present)."""
+    arrays = build_sft_arrays(data.sft, tokenizer, encoder.render, cfg.sft.max_len)
+    tx, _ = make_optimizer(
+        cfg.optim,
+        cfg.sft.steps,
+        lr=cfg.sft.lr,
+        warmup_steps=cfg.sft.warmup_steps,
+        schedule="cosine",
+        b2=0.98,
+    )
+    graphdef, state = init_train_state(model, tx, cfg.seed)
+    logger = MetricsLogger(os.path.join(workdir, "sft_logs"), enabled=jax.process_index() == 0)
+    state = run_sft(
+        graphdef,
+        state,
+        tx,
+        arrays,
+        cfg.sft.steps,
+        cfg.sft.batch_size,
+        cfg.seed,
+        on_step=lambda i, m: logger.write(i, m, kind="sft") if i % 10 == 0 else None,
+    )
+    model = nnx.merge(graphdef, state.params)
+    if jax.process_index() == 0:
+        save_model(model, out_dir, tokenizer_dir=_tokenizer_dir(cfg, workdir), overwrite=True)
+    logger.close()
+    return model
+
+
+def _tokenizer_dir(cfg, workdir: str) -> str:
+    if cfg.tokenizer.build_tiny:
+        return os.path.join(workdir, "tokenizer")
+    return cfg.tokenizer.path or cfg.model.path
+
+
+def train(config, workdir: str) -> dict[str, Any]:
+    """Runs the configured stage in `workdir` (created; resumed when it holds a checkpoint).
+
+    Returns:
+      A summary: held-out accuracy before and after (by tier) and the workdir's files.
+    """
+    cfg = config_lib.resolve_config(config)
+    os.makedirs(workdir, exist_ok=True)
+    _log_to_file(workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2, default=str)
+    tokenizer = tokenizer_for(cfg, workdir)
+    data = load_datasets(cfg)
+    log.info(
+        "data: %d train, %d held-out, %d sft problems",
+        len(data.train),
+        len(data.heldout),
+        len(data.sft),
+    )
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
+    scorer = RewardScorer(
+        num_workers=max(cfg.reward.num_workers, 1),
+        timeout_s=cfg.reward.timeout_s,
+        correct_reward=cfg.reward.correct,
+        incorrect_reward=cfg.reward.incorrect,
+    )
+    try:
+        if cfg.stage == "sft":
+            return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer)
+        model = _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer)
+        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer)
+        try:
+            evals = trainer.run()
+        finally:
+            trainer.close()
+        return _finish(cfg, workdir, trainer, evals)
+    finally:
+        scorer.close()
+
+
+def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer):
+    if cfg.model.init_checkpoint:
+        return policy_model(cfg, tokenizer, cfg.model.init_checkpoint)
+    if not cfg.sft.enable:
+        return policy_model(cfg, tokenizer)
+    sft_dir = os.path.join(workdir, "sft_model")
+    if os.path.isfile(os.path.join(sft_dir, "config.json")):
+        log.info("warm start: reusing %s", sft_dir)
+        return policy_model(cfg, tokenizer, sft_dir)
+    log.info("warm start: %d SFT steps (cached in %s)", cfg.sft.steps, sft_dir)
+    model = policy_model(cfg, tokenizer)
+    return sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir)
+
+
+def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer) -> dict[str, Any]:
+    out_dir = os.path.join(workdir, "sft_model")
+    model = policy_model(cfg, tokenizer)
+    model = sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir)
+    summary: dict[str, Any] = {"sft_model": out_dir}
+    if data.heldout:
+        graphdef, params = nnx.split(model)
+        gen = GenerateConfig(
+            num_samples=cfg.eval.num_samples,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            stop_ids=tokenizer.eos_ids,
+            pad_id=tokenizer.pad_id,
+        )
+        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {})
+        problems = data.heldout[: cfg.eval.max_prompts or None]
+        summary["eval"] = evaluate(
+            rollout,
+            params,
+            problems,
+            gen,
+            min(cfg.eval.prompts_per_call, len(problems)),
+            jax.random.PRNGKey(cfg.seed + 1),
+        )
+        log.info("SFT held-out: %s", summary["eval"])
+    return summary
+
+
+def _finish(cfg, workdir: str, trainer: RLTrainer, evals) -> dict[str, Any]:
+    summary: dict[str, Any] = {"algo": cfg.algo, "steps": int(trainer.state.step)}
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    from da3po_jax.train.logger import read_metrics
+
+    all_evals = [r for r in read_metrics(metrics_path) if r["kind"] == "eval"]
+    if all_evals:
+        summary["before"] = {k: v for k, v in all_evals[0].items() if k.startswith("eval/")}
+        summary["after"] = {k: v for k, v in all_evals[-1].items() if k.startswith("eval/")}
+    if jax.process_index() == 0:
+        summary["plot"] = plot_curves(metrics_path, os.path.join(workdir, "curves.png"))
+        with open(os.path.join(workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        _print_summary(cfg, summary)
+    return summary
+
+
+def _print_summary(cfg, summary: dict[str, Any]) -> None:
+    k = cfg.eval.num_samples
+    before, after = summary.get("before", {}), summary.get("after", {})
+    lines = [f"{cfg.algo}: {summary['steps']} RL steps; held-out avg@{k} before -> after"]
+    for key in sorted(after):
+        if key.startswith(f"eval/avg@{k}"):
+            lines.append(f"  {key:<24} {before.get(key, float('nan')):.3f} -> {after[key]:.3f}")
+    print("\n".join(lines))

@@ -1,0 +1,119 @@
+"""Building a run's pieces from its config: tokenizer, policy model, datasets, prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import jax
+
+from da3po_jax.data import (
+    FieldSpec,
+    MathProblem,
+    corpus,
+    format_prompt,
+    generate_split,
+    load_problems,
+)
+from da3po_jax.models import Transformer, get_preset, init_model, load_model
+from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Datasets:
+    train: list[MathProblem]
+    heldout: list[MathProblem]
+    sft: list[MathProblem]
+
+
+def tokenizer_for(cfg, workdir: str) -> Tokenizer:
+    """The run's tokenizer: the tiny BPE built into the workdir, or a folder's."""
+    if cfg.tokenizer.build_tiny:
+        path = os.path.join(workdir, "tokenizer")
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            tmp = path + ".tmp"
+            build_bpe_tokenizer(
+                tmp,
+                corpus(3000, seed=0, template=cfg.data.template),
+                vocab_size=cfg.tokenizer.vocab_size,
+            )
+            os.replace(tmp, path)
+        return Tokenizer.load(path)
+    path = cfg.tokenizer.path or cfg.model.path
+    if not path:
+        raise ValueError(
+            "config.tokenizer.path (or config.model.path) must name a tokenizer "
+            "folder unless config.tokenizer.build_tiny is set"
+        )
+    return Tokenizer.load(path)
+
+
+def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None) -> Transformer:
+    """Loads `path` (or config.model.path) or builds the preset with random weights."""
+    overrides = dict(
+        param_dtype=cfg.model.param_dtype,
+        dtype=cfg.model.dtype,
+        logits_chunk=cfg.model.logits_chunk,
+        remat=cfg.model.remat,
+    )
+    path = path or cfg.model.path
+    if path:
+        model = load_model(path, **overrides)
+    else:
+        vocab = -(-tokenizer.vocab_size // 8) * 8
+        model = init_model(
+            get_preset(cfg.model.preset, vocab_size=vocab, **overrides), seed=cfg.seed
+        )
+    if model.cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"the model's vocab_size={model.cfg.vocab_size} is smaller than the "
+            f"tokenizer's {tokenizer.vocab_size}"
+        )
+    return model
+
+
+def _fields(cfg) -> FieldSpec:
+    kwargs = dict(answer_mode=cfg.data.answer_mode, dedupe=cfg.data.dedupe)
+    if cfg.data.prompt_field:
+        kwargs["prompt"] = cfg.data.prompt_field
+    if cfg.data.answer_field:
+        kwargs["answer"] = cfg.data.answer_field
+    return FieldSpec(**kwargs)
+
+
+def load_datasets(cfg) -> Datasets:
+    """Train / held-out / SFT problems for `cfg.data.source`."""
+    d = cfg.data
+    if d.source == "synthetic":
+        split = lambda name, n: generate_split(name, n, seed=cfg.seed) if n else []
+        return Datasets(
+            split("train", d.synthetic_train),
+            split("heldout", d.synthetic_eval),
+            split("sft", d.synthetic_sft),
+        )
+    if d.source == "tfds":
+        if not d.tfds_name:
+            raise ValueError("config.data.tfds_name is required for data.source='tfds'")
+        train = load_problems(f"tfds:{d.tfds_name}", _fields(cfg), split="train").problems
+        heldout = load_problems(f"tfds:{d.tfds_name}", _fields(cfg), split=d.eval_split).problems
+        return Datasets(train, heldout, train)
+    train = load_problems(d.train_path, _fields(cfg)).problems
+    heldout = load_problems(d.eval_path, _fields(cfg)).problems if d.eval_path else []
+    return Datasets(train, heldout, train)
+
+
+def prompt_renderer(cfg, tokenizer: Tokenizer):
+    """problem -> the exact text the policy sees (template, then chat template)."""
+    system = cfg.tokenizer.system_prompt or None
+
+    def render(problem: MathProblem) -> str:
+        return tokenizer.render_prompt(format_prompt(problem.prompt, cfg.data.template), system)
+
+    return render
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0

@@ -1,0 +1,86 @@
+"""Training state and optimizer.
+
+The NNX pattern used everywhere: `graphdef, params = nnx.split(model)` once, outside jit;
+jitted functions take `params` (an `nnx.State` pytree) and rebuild the module with
+`nnx.merge(graphdef, params)` inside. The optimizer is plain optax over that pytree, so the
+whole `TrainState` is one pytree that jits, donates and checkpoints as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+
+@struct.dataclass
+class TrainState:
+    """Everything the device side needs to continue training exactly.
+
+    Attributes:
+      params: `nnx.State` of the policy's parameters.
+      opt_state: optax state (AdamW moments, schedule count).
+      step: [] int32, RL (or SFT) steps completed.
+      rng: PRNG key, split once per step.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+def lr_schedule(
+    lr: float, warmup_steps: int, total_steps: int, schedule: str, updates_per_step: int = 1
+) -> optax.Schedule:
+    """Linear warm-up to `lr` over `warmup_steps` *training steps*, then constant or cosine
+    decay to 0 at `total_steps`. The optimizer calls it with its update count; with several
+    updates per step (mini-batches x iterations) the count is mapped back to steps."""
+    if schedule == "cosine":
+        base = optax.warmup_cosine_decay_schedule(
+            0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1), 0.0
+        )
+    else:
+        base = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
+            [max(warmup_steps, 1)],
+        )
+    if warmup_steps == 0 and schedule != "cosine":
+        base = optax.constant_schedule(lr)
+    return lambda count: base(count // updates_per_step)
+
+
+def make_optimizer(
+    optim_cfg, total_steps: int, updates_per_step: int = 1, **overrides
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW with global-norm clipping and the configured schedule.
+
+    `optim_cfg` has the fields of `config.optim`; keyword `overrides` replace them (the SFT
+    warm start uses its own lr, warm-up and schedule).
+    """
+    o = {
+        k: optim_cfg[k]
+        for k in ("lr", "warmup_steps", "schedule", "weight_decay", "b1", "b2", "grad_clip")
+    }
+    o.update(overrides)
+    schedule = lr_schedule(o["lr"], o["warmup_steps"], total_steps, o["schedule"], updates_per_step)
+    parts = []
+    if o["grad_clip"] > 0:
+        parts.append(optax.clip_by_global_norm(o["grad_clip"]))
+    parts.append(optax.adamw(schedule, b1=o["b1"], b2=o["b2"], weight_decay=o["weight_decay"]))
+    return optax.chain(*parts), schedule
+
+
+def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int):
+    """(graphdef, TrainState) for `model`, with fresh optimizer state."""
+    graphdef, params = nnx.split(model)
+    state = TrainState(
+        params=params,
+        opt_state=tx.init(params),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.PRNGKey(seed),  # raw uint32 key: checkpoints as a plain array
+    )
+    return graphdef, state

@@ -1,0 +1,396 @@
+"""The RL loop of DESIGN.md: rollout -> rewards -> dynamic-sampling rounds -> advantages
+(DAA) -> mini-batch updates -> eval -> checkpoint, resumable exactly from any checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from da3po_jax.data import PromptIterator
+from da3po_jax.rewards import RewardScorer
+from da3po_jax.rl import (
+    OverlongConfig,
+    PromptHistory,
+    ds_add_round,
+    expand_group_mask,
+    init_prior_state,
+    prior_from_state,
+    update_history,
+    update_prior_state,
+)
+from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.train import config as config_lib
+from da3po_jax.train.checkpoint import Checkpointer, CheckpointError, check_compatible
+from da3po_jax.train.evaluation import evaluate
+from da3po_jax.train.logger import MetricsLogger, truncate_metrics
+from da3po_jax.train.rl_step import RLStepConfig, rl_update
+from da3po_jax.train.rollout import (
+    PromptEncoder,
+    Rollout,
+    abstract_round,
+    ds_round_update,
+    empty_buffer,
+    pick_bucket,
+)
+from da3po_jax.train.setup import Datasets
+from da3po_jax.train.state import init_train_state, make_optimizer
+
+log = logging.getLogger(__name__)
+
+
+def fingerprint(cfg) -> dict[str, Any]:
+    """The config fields a checkpoint must agree with to be resumed."""
+    return {
+        "algo": cfg.algo,
+        "model": cfg.model.path or cfg.model.preset,
+        "rollout.group_size": cfg.rollout.group_size,
+        "rl.train_prompts": cfg.rl.train_prompts,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+
+
+class RLTrainer:
+    """Owns the device state (policy, optimizer, DS surplus, DAA prior/history) and the
+    host state (data position), and runs `cfg.train.steps` RL steps."""
+
+    def __init__(
+        self,
+        cfg,
+        workdir: str,
+        model: nnx.Module,
+        encoder: PromptEncoder,
+        data: Datasets,
+        scorer: RewardScorer,
+    ):
+        self.cfg, self.workdir, self.data = cfg, workdir, data
+        self.g = cfg.rollout.group_size
+        self.capacity = cfg.rl.train_prompts
+        self.round_size = cfg.rollout.prompts_per_round if cfg.ds.enable else self.capacity
+        updates = cfg.rl.num_iterations * (cfg.rl.train_prompts // cfg.rl.mini_batch_prompts)
+        self.tx, self.schedule = make_optimizer(cfg.optim, cfg.train.steps, updates)
+        self.graphdef, self.state = init_train_state(model, self.tx, cfg.seed)
+        self.ref_params = None
+        if cfg.loss.kl_coef > 0:  # frozen copy: the policy's buffers are donated each step
+            self.ref_params = jax.tree.map(jnp.copy, self.state.params)
+        stop_ids = encoder.tokenizer.eos_ids
+        self.gen = GenerateConfig(
+            num_samples=self.g,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k,
+            top_p=cfg.rollout.top_p,
+            stop_ids=stop_ids,
+            pad_id=encoder.tokenizer.pad_id,
+        )
+        self.eval_gen = self.gen.replace(
+            num_samples=cfg.eval.num_samples,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            max_new_tokens=cfg.eval.max_new_tokens or self.gen.max_new_tokens,
+        )
+        self.train_prompt_len = pick_bucket(
+            max(len(encoder.ids(p)) for p in data.train), cfg.rollout.prompt_buckets
+        )
+        index_of = {p.id: i for i, p in enumerate(data.train)}
+        self.rollout = Rollout(
+            Sampler(self.graphdef, model.cfg, self.gen),
+            encoder,
+            scorer,
+            self.gen,
+            self.train_prompt_len,
+            index_of,
+        )
+        self.iterator = PromptIterator(
+            data.train,
+            seed=cfg.seed,
+            shard_index=jax.process_index(),
+            num_shards=jax.process_count(),
+        )
+        self.step_cfg = RLStepConfig(
+            group_size=self.g,
+            mini_batch_prompts=cfg.rl.mini_batch_prompts,
+            micro_batch_prompts=cfg.rl.micro_batch_prompts,
+            num_iterations=cfg.rl.num_iterations,
+            loss=config_lib.loss_config(cfg),
+            adv=config_lib.advantage_config(cfg),
+            daa=config_lib.daa_config(cfg),
+            overlong=OverlongConfig(
+                max_len=cfg.rollout.max_new_tokens,
+                buffer_len=cfg.overlong.buffer,
+                penalty=cfg.overlong.penalty,
+                filter=cfg.overlong.filter,
+            ),
+            recompute_logp_old=cfg.rollout.logp_old == "recompute",
+        )
+        self.aux = {
+            "surplus": empty_buffer(abstract_round(self.rollout, self.round_size), self.round_size),
+            "prior": init_prior_state(),
+            "history": {
+                "success": jnp.zeros(len(data.train)),
+                "failure": jnp.zeros(len(data.train)),
+            },
+        }
+        self._update = jax.jit(rl_update, static_argnums=(0, 1, 2), donate_argnums=(3,))
+        self._ds_update = jax.jit(ds_round_update, static_argnums=(2, 3, 4, 5, 6, 7))
+        self._seed_buffer = jax.jit(ds_add_round)
+        self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
+        self.checkpointer = Checkpointer(workdir, cfg.train.keep_checkpoints)
+        self.logger = MetricsLogger(
+            workdir,
+            enabled=jax.process_index() == 0,
+            wandb_project=cfg.train.wandb_project,
+            config=cfg.to_dict(),
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _tree(self) -> dict[str, Any]:
+        return {"train": self.state, **self.aux}
+
+    def save(self) -> None:
+        step = int(self.state.step)
+        host = {"data": self.iterator.state.to_dict(), "config": fingerprint(self.cfg)}
+        self.checkpointer.save(step, self._tree(), host)
+
+    def maybe_restore(self) -> int:
+        """Resumes from the latest checkpoint in the workdir; returns the step reached."""
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return 0
+        path = self.checkpointer.directory
+        check_compatible(
+            self.checkpointer.restore_host(step).get("config", {}), fingerprint(self.cfg), path
+        )
+        tree, host = self.checkpointer.restore(step, self._tree())
+        self.state = tree.pop("train")
+        self.aux = tree
+        try:
+            self.iterator.restore(host["data"])
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint in {path!r}: data position unusable ({e}). "
+                "Nothing was changed; use another --workdir."
+            ) from e
+        truncate_metrics(self.logger.path, step)
+        log.info("resumed from %s at step %d", path, step)
+        return step
+
+    # ------------------------------------------------------------------ one step
+    def collect(self, keys: jax.Array) -> tuple[Any, dict[str, float]]:
+        """Generation rounds until the batch holds `train_prompts` kept groups (or the
+        round cap); surplus kept groups are carried to the next step."""
+        cfg, n = self.cfg, self.round_size
+        max_rounds = cfg.ds.max_rounds if cfg.ds.enable else 1
+        buffer = empty_buffer(self.aux["surplus"].items, self.capacity)
+        buffer, surplus = self._seed_buffer(
+            buffer, self.aux["surplus"].items, self.aux["surplus"].valid
+        )
+        acc = np.zeros(max_rounds * n, np.float32)
+        acc_valid = np.zeros(max_rounds * n, np.bool_)
+        host = _RoundStats()
+        rounds = 0
+        while int(buffer.count) < self.capacity and rounds < max_rounds:
+            problems = self.iterator.next_batch(n)
+            res = self.rollout.round(self.state.params, problems, keys[rounds])
+            buffer, surplus, keep, mu = self._ds_update(
+                buffer,
+                res.items,
+                bool(cfg.ds.enable),
+                cfg.ds.metric,
+                self.g,
+                cfg.rollout.max_new_tokens,
+                cfg.overlong.buffer,
+                cfg.overlong.penalty,
+            )
+            acc[rounds * n : (rounds + 1) * n] = np.asarray(mu)
+            acc_valid[rounds * n : (rounds + 1) * n] = True
+            host.add(res, np.asarray(keep))
+            rounds += 1
+        count = int(buffer.count)
+        if count < self.capacity:
+            log.warning(
+                "dynamic sampling reached ds.max_rounds=%d with %d of %d groups; "
+                "training on what was kept",
+                max_rounds,
+                count,
+                self.capacity,
+            )
+        self.aux["surplus"] = surplus
+        self.aux["prior"] = self._prior_update(
+            self.aux["prior"], jnp.asarray(acc), jnp.asarray(acc_valid), cfg.daa.prior_ema
+        )
+        metrics = host.summary(rounds, count, self.capacity, int(surplus.count))
+        return buffer, metrics
+
+    def _daa_inputs(self, buffer):
+        daa = self.step_cfg.daa
+        if daa is None or daa.estimator == "power":
+            return None, None, None
+        prior = prior_from_state(self.aux["prior"], self.g)
+        if daa.estimator != "history":
+            return prior, None, None
+        idx = jnp.maximum(buffer.items.prompt_index, 0)
+        hist = PromptHistory(
+            self.aux["history"]["success"][idx], self.aux["history"]["failure"][idx]
+        )
+        return prior, hist, idx
+
+    def step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        keys = jax.random.split(self.state.rng, 1 + max(self.cfg.ds.max_rounds, 1))
+        self.state = self.state.replace(rng=keys[0])
+        buffer, metrics = self.collect(keys[1:])
+        t1 = time.perf_counter()
+        prior, hist, idx = self._daa_inputs(buffer)
+        self.state, dev = self._update(
+            self.graphdef,
+            self.tx,
+            self.step_cfg,
+            self.state,
+            buffer.items,
+            buffer.valid,
+            prior,
+            hist,
+            self.ref_params,
+        )
+        if hist is not None:
+            valid = expand_group_mask(buffer.valid, self.g)
+            new = update_history(
+                hist, buffer.items.correct.reshape(-1), self.g, self.cfg.daa.history_decay, valid
+            )
+            keep = buffer.valid
+            for key, val in (("success", new.success), ("failure", new.failure)):
+                table = self.aux["history"][key]
+                self.aux["history"][key] = table.at[idx].set(jnp.where(keep, val, table[idx]))
+        metrics.update({k: float(v) for k, v in jax.device_get(dev).items()})
+        t2 = time.perf_counter()
+        metrics["optim/lr"] = float(self.schedule(int(self.state.step) - 1))
+        metrics.update({"time/collect": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
+        metrics["throughput/gen_tokens_per_s"] = metrics.pop("_gen_tokens") / max(
+            metrics["time/rollout"], 1e-9
+        )
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        problems = self.data.heldout[: self.cfg.eval.max_prompts or None]
+        if not problems:
+            return {}
+        rng = jax.random.fold_in(jax.random.PRNGKey(self.cfg.seed + 1), int(self.state.step))
+        return evaluate(
+            self.rollout,
+            self.state.params,
+            problems,
+            self.eval_gen,
+            min(self.cfg.eval.prompts_per_call, len(problems)),
+            rng,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> list[dict[str, float]]:
+        """Trains to `train.steps`; returns the eval results of this invocation."""
+        cfg = self.cfg
+        start = self.maybe_restore()
+        evals = []
+        if start == 0 and cfg.train.eval_every:
+            evals.append(self._log_eval())
+        bar = tqdm(
+            range(start, cfg.train.steps),
+            initial=start,
+            total=cfg.train.steps,
+            desc=f"{cfg.algo}",
+            dynamic_ncols=True,
+            disable=jax.process_index() != 0,
+        )
+        for _ in bar:
+            metrics = self.step()
+            step = int(self.state.step)
+            self.logger.write(step, metrics)
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}",
+                acc=f"{metrics['reward/acc']:.3f}",
+                tok_s=f"{metrics['throughput/gen_tokens_per_s']:.0f}",
+            )
+            last = step == cfg.train.steps
+            if cfg.train.eval_every and (step % cfg.train.eval_every == 0 or last):
+                evals.append(self._log_eval())
+            if cfg.train.checkpoint_every and (step % cfg.train.checkpoint_every == 0 or last):
+                self.save()
+        self.checkpointer.wait()
+        return evals
+
+    def _log_eval(self) -> dict[str, float]:
+        metrics = self.evaluate()
+        step = int(self.state.step)
+        if metrics:
+            self.logger.write(step, metrics, kind="eval")
+            key = f"eval/avg@{self.cfg.eval.num_samples}"
+            tiers = {
+                k.rsplit("/", 1)[-1]: round(v, 3)
+                for k, v in metrics.items()
+                if k.startswith(key + "/")
+            }
+            log.info("eval at step %d: %s=%.3f %s", step, key, metrics[key], tiers)
+        return {"step": step, **metrics}
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.logger.close()
+
+
+class _RoundStats:
+    """Host-side sums over the generation rounds of one step."""
+
+    def __init__(self):
+        self.correct, self.rewards, self.lengths, self.truncated = [], [], [], []
+        self.kept = []
+        self.status: dict[str, int] = {}
+        self.seconds = {"rollout": 0.0, "scoring": 0.0}
+
+    def add(self, res, keep: np.ndarray) -> None:
+        self.correct.append(res.correct)
+        self.rewards.append(res.rewards)
+        self.lengths.append(res.lengths)
+        self.truncated.append(res.truncated)
+        self.kept.append(keep)
+        for k, v in res.score_stats.items():
+            self.status[k] = self.status.get(k, 0) + int(v)
+        for k, v in res.seconds.items():
+            self.seconds[k] += v
+
+    def summary(self, rounds: int, count: int, capacity: int, surplus: int) -> dict[str, float]:
+        m: dict[str, float] = {
+            "ds/rounds": rounds,
+            "ds/batch_fill": count / capacity,
+            "ds/surplus_groups": surplus,
+            "time/rollout": self.seconds["rollout"],
+            "time/scoring": self.seconds["scoring"],
+            "_gen_tokens": 0.0,
+        }
+        if not self.correct:
+            return m
+        c, r = np.concatenate(self.correct), np.concatenate(self.rewards)
+        lengths, trunc = np.concatenate(self.lengths), np.concatenate(self.truncated)
+        mu = c.mean(axis=1)
+        m.update(
+            {
+                "reward/mean": float(r.mean()),
+                "reward/acc": float(c.mean()),
+                "response/len_mean": float(lengths.mean()),
+                "response/len_max": float(lengths.max()),
+                "response/truncated_frac": float(trunc.mean()),
+                "ds/kept_frac": float(np.concatenate(self.kept).mean()),
+                "ds/all_correct_frac": float((mu == 1).mean()),
+                "ds/all_wrong_frac": float((mu == 0).mean()),
+                "_gen_tokens": float(lengths.sum()),
+            }
+        )
+        for k in ("timeout", "error", "no_answer"):
+            m[f"reward/{k}"] = float(self.status.get(k, 0))
+        return m

@@ -1,0 +1,262 @@
+"""End-to-end trainer checks on a micro config: smoke runs, exact resume, dynamic sampling."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+
+import jax
+import numpy as np
+import pytest
+from ml_collections import config_flags  # noqa: F401  (config files import ml_collections)
+
+import da3po_jax.train.run as run_lib
+from da3po_jax.rewards.scorer import BatchScores, ScoreResult
+from da3po_jax.train import train
+from da3po_jax.train.config import resolve_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_config(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def micro_config(algo: str = "da3po", **overrides):
+    c = load_config("tiny_math.py")
+    c.algo = algo
+    c.model.preset = "tiny-qwen2"
+    c.tokenizer.vocab_size = 300
+    c.data.synthetic_train, c.data.synthetic_eval, c.data.synthetic_sft = 64, 8, 32
+    c.rollout.prompts_per_round, c.rollout.group_size = 4, 4
+    c.rollout.max_new_tokens = 8
+    c.rl.train_prompts, c.rl.mini_batch_prompts = 4, 2
+    c.ds.max_rounds = 3
+    c.train.steps, c.train.eval_every, c.train.checkpoint_every = 2, 2, 1
+    c.eval.num_samples, c.eval.max_prompts, c.eval.prompts_per_call = 2, 8, 8
+    c.sft.enable = False
+    c.optim.lr, c.optim.warmup_steps = 1e-3, 0
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+class HashScorer:
+    """Deterministic stand-in for the verifier: a response is 'correct' when a hash of its
+    text says so, so groups of a random policy are mixed and resuming replays exactly."""
+
+    def __init__(self, **kwargs):
+        self.calls = 0
+
+    def score_batch(self, responses, references):
+        self.calls += 1
+        results = [
+            ScoreResult(bool(zlib.crc32(r.encode()) % 3 == 0), 0.0, r, "ok") for r in responses
+        ]
+        results = [ScoreResult(r.correct, float(r.correct), r.extracted, "ok") for r in results]
+        return BatchScores(results, {"ok": len(results), "total": len(results)})
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def hash_scorer(monkeypatch):
+    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
+
+
+def read_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "da3po"])
+def test_two_step_smoke(tmp_path, hash_scorer, algo):
+    workdir = str(tmp_path / algo)
+    summary = train(micro_config(algo), workdir)
+    assert summary["steps"] == 2
+    rows = [r for r in read_rows(workdir) if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert np.isfinite(r["loss/total"]) and r["loss/num_tokens"] > 0
+        assert 0.0 < r["reward/acc"] < 1.0
+        if algo == "grpo":
+            assert r["ds/rounds"] == 1 and "daa/lambda_mean" not in r
+        else:
+            assert 1 <= r["ds/rounds"] <= 3
+        if algo == "da3po":
+            assert r["daa/lambda_mean"] >= 1.0
+    for name in ("curves.png", "summary.json", "config.json", "tokenizer/tokenizer.json"):
+        assert os.path.exists(os.path.join(workdir, name)), name
+    assert "eval/avg@2" in summary["after"]
+
+
+class Interrupt(Exception):
+    pass
+
+
+def final_params(workdir, cfg):
+    """Parameters of the latest checkpoint in `workdir`."""
+    from da3po_jax.train.checkpoint import Checkpointer
+
+    ck = Checkpointer(workdir)
+    step = ck.latest_step()
+    path = os.path.join(ck.directory, str(step), "state")
+    import orbax.checkpoint as ocp
+
+    tree = ocp.StandardCheckpointer().restore(path)
+    ck.close()
+    return step, tree["train"]["params"]
+
+
+@pytest.mark.slow
+def test_resume_matches_uninterrupted_run(tmp_path, hash_scorer, monkeypatch):
+    cfg = micro_config(
+        "da3po", **{"train.steps": 4, "train.eval_every": 0, "daa.estimator": "history"}
+    )
+    full = str(tmp_path / "full")
+    train(cfg, full)
+
+    part = str(tmp_path / "part")
+    original = run_lib.RLTrainer.step
+    calls = {"n": 0}
+
+    def crashing_step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:  # dies in the middle of step 3, after step 2's checkpoint
+            raise Interrupt
+        return original(self)
+
+    monkeypatch.setattr(run_lib.RLTrainer, "step", crashing_step)
+    with pytest.raises(Interrupt):
+        train(cfg, part)
+    monkeypatch.setattr(run_lib.RLTrainer, "step", original)
+    train(cfg, part)  # same command, same workdir: resumes from step 2
+
+    rows_full = [r for r in read_rows(full) if r["kind"] == "train"]
+    rows_part = [r for r in read_rows(part) if r["kind"] == "train"]
+    assert [r["step"] for r in rows_part] == [1, 2, 3, 4]
+    skip = ("time/", "throughput/")
+    for a, b in zip(rows_full, rows_part):
+        for key in a:
+            if not key.startswith(skip) and isinstance(a[key], float):
+                assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-6), (a["step"], key)
+    step_a, params_a = final_params(full, cfg)
+    step_b, params_b = final_params(part, cfg)
+    assert step_a == step_b == 4
+    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6)
+
+
+def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
+    workdir = str(tmp_path / "run")
+    train(micro_config("dapo", **{"train.steps": 1, "train.eval_every": 0}), workdir)
+    before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+    from da3po_jax.train.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="rollout.group_size: checkpoint 4 vs now 8"):
+        train(micro_config("dapo", **{"rollout.group_size": 8, "train.eval_every": 0}), workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match=r"config.rollout.group_size=1 must be >= 2"):
+        resolve_config(micro_config(**{"rollout.group_size": 1}))
+    with pytest.raises(ValueError, match=r"config.algo='ppo' must be one of"):
+        resolve_config(micro_config(algo="ppo"))
+    with pytest.raises(ValueError, match=r"config.loss.agg='mean' must be one of"):
+        resolve_config(micro_config(**{"loss.agg": "mean"}))
+    with pytest.raises(ValueError, match=r"mini_batch_prompts=3 must divide"):
+        resolve_config(micro_config(**{"rl.mini_batch_prompts": 3}))
+
+
+def test_algorithm_presets_and_explicit_overrides():
+    grpo = resolve_config(micro_config("grpo"))
+    assert (grpo.ds.enable, grpo.daa.enable, grpo.loss.eps_high, grpo.loss.agg) == (
+        False,
+        False,
+        0.2,
+        "seq-mean-token-mean",
+    )
+    dapo = resolve_config(micro_config("dapo"))
+    assert (dapo.ds.enable, dapo.daa.enable, dapo.loss.eps_high, dapo.loss.agg) == (
+        True,
+        False,
+        0.28,
+        "token-mean",
+    )
+    assert dapo.overlong.buffer == 8 // 5
+    da3po = resolve_config(micro_config("da3po", **{"loss.eps_high": 0.3}))
+    assert da3po.daa.enable and da3po.loss.eps_high == 0.3  # explicit value wins
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py") and f != "base.py"
+    ),
+)
+def test_every_config_file_parses_and_validates(name):
+    cfg = resolve_config(load_config(name))
+    assert cfg.algo in ("grpo", "dapo", "da3po")
+
+
+class ScriptedScorer:
+    """Correctness by a script of group patterns per call: 'm' mixed (1 of G correct),
+    'w' all wrong, 'c' all correct."""
+
+    script: list[str] = []
+
+    def __init__(self, **kwargs):
+        self.calls = 0
+
+    def score_batch(self, responses, references):
+        pattern = self.script[self.calls]
+        self.calls += 1
+        g = len(responses) // len(pattern)
+        row = {"m": [1] + [0] * (g - 1), "w": [0] * g, "c": [1] * g}
+        flags = [bool(x) for p in pattern for x in row[p]]
+        results = [ScoreResult(f, float(f), "", "ok") for f in flags]
+        return BatchScores(results, {"ok": len(results), "total": len(results)})
+
+    def close(self):
+        pass
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_refill_surplus_and_round_cap(tmp_path, monkeypatch, caplog):
+    ScriptedScorer.script = [
+        "mwmc",
+        "mmmw",  # step 1: 2 kept, then 3 -> full + 1 surplus
+        "wwww",
+        "cccc",
+        "mwww",
+    ]  # step 2: surplus + 0 + 0 + 1 -> cap
+    monkeypatch.setattr(run_lib, "RewardScorer", ScriptedScorer)
+    workdir = str(tmp_path / "ds")
+    cfg = micro_config("dapo", **{"train.eval_every": 0, "ds.max_rounds": 3})
+    with caplog.at_level(logging.WARNING, logger="da3po_jax"):
+        train(cfg, workdir)
+    step1, step2 = [r for r in read_rows(workdir) if r["kind"] == "train"]
+    assert (step1["ds/rounds"], step1["ds/batch_fill"], step1["ds/surplus_groups"]) == (2, 1.0, 1)
+    assert step1["ds/kept_frac"] == pytest.approx(5 / 8)
+    assert step1["ds/all_wrong_frac"] == pytest.approx(2 / 8)
+    assert (step2["ds/rounds"], step2["ds/batch_fill"], step2["ds/surplus_groups"]) == (3, 0.5, 0)
+    assert step2["ds/all_correct_frac"] == pytest.approx(4 / 12)
+    assert "reached ds.max_rounds=3 with 2 of 4 groups" in caplog.text
+    assert step2["reward/acc"] == pytest.approx((0 + 16 + 1) / 48)
+    # Step 2 trains on the carried surplus group and the new mixed one: no zero-variance
+    # group among the non-empty slots.
+    assert step2["adv/zero_var_frac"] == 0.0 and step1["adv/zero_var_frac"] == 0.0
