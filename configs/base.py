@@ -136,6 +136,9 @@ def get_config() -> config_dict.ConfigDict:
     c.sft.lr = 3e-3
     c.sft.warmup_steps = 20
     c.sft.max_len = 128
+    c.sft.stop_acc = 0.0  # > 0: stop the warm-up once accuracy at the rollout temperature
+    c.sft.check_every = 100  # ... on sft.check_prompts RL prompts reaches it (checked this often)
+    c.sft.check_prompts = 64
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = fill with the remaining devices

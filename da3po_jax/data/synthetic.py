@@ -1,24 +1,23 @@
 """Synthetic arithmetic task with difficulty tiers: the embedded demo's data, no downloads.
 
-Problems are short arithmetic questions ("What is 47 * 36?") whose worked solutions end in
-an `Answer: N` line, so a 1-5M-parameter model can learn the format in a short supervised
-warm-up and RL then has room to improve. The tiers are meant to be easy, medium and hard
-for such a model after warm-up (hard: low but non-zero pass rate, the regime DA3PO
-targets); `tier_weights` rebalances them if a warm-up lands elsewhere:
+Every problem is a chain of one small skill, adding a single digit to a number below 330
+(`47 + 8 = 55`), so a ~1M-parameter model learns the skill in a short supervised warm-up
+and the tiers differ by how many times it must be applied without a slip:
 
-- easy:   1-2 digit addition (`23 + 45`).
-- medium: 2-3 digit addition/subtraction with a 3-digit operand (`512 - 87`, never
-  negative), and 1x2-digit multiplication (`7 * 46`).
-- hard:   2x2-digit multiplication (`47 * 36`) and two-step expressions
-  (`(12 + 70) * 3`, `7 * 46 + 85`).
+- easy:   one step, `47 + 8`.
+- medium: two steps, `47 + 8 + 6` worked as `47 + 8 + 6 = 55 + 6 = 61`.
+- hard:   three steps, `47 + 8 + 6 + 9 = 55 + 6 + 9 = 61 + 9 = 70`.
 
-Multiplications are worked by splitting the second factor into tens and ones
-(`7 * 46 = 7 * 40 + 7 * 6 = 280 + 42 = 322`), which keeps each step small.
+A step's success rate p gives a tier rate of about p, p^2 and p^3, so after warm-up the
+hard tier has a low but non-zero pass rate (the regime DA3PO is about), and held-out
+problems are new chains of steps that the training problems also contain. (Problems built
+on multi-digit addition or multiplication are also available through `make_problem`, but
+a model of this size does not learn them in minutes on a CPU.)
 
-The id of a problem is its expression (`syn:47*36`), so it is the same for every seed, and
+The id of a problem is its expression (`syn:47+8+6`), so it is the same for every seed, and
 its split (`sft`, `train`, `heldout`) is a hash of its *split key*, the expression with the
 operands of commutative operations sorted: splits never overlap, whatever the seed or
-sizes, and `47 * 36` cannot be held out while `36 * 47` is trained on. Within a split, the
+sizes, and `8 + 47` cannot be held out while `47 + 8` is trained on. Within a split, the
 seed drives which problems are drawn and in what order; the same (seed, split, size,
 weights) always gives the same list.
 
@@ -55,17 +54,9 @@ class _Kind:
 
 
 _TIER_KINDS: Mapping[str, tuple[_Kind, ...]] = {
-    "easy": (_Kind("add", ((0, 99), (0, 99))),),
-    "medium": (
-        _Kind("add", ((100, 999), (10, 999))),
-        _Kind("sub", ((100, 999), (10, 999))),
-        _Kind("mul", ((2, 9), (10, 99))),
-    ),
-    "hard": (
-        _Kind("mul", ((10, 99), (10, 99))),
-        _Kind("addmul", ((10, 99), (10, 99), (2, 9))),
-        _Kind("muladd", ((2, 9), (10, 99), (10, 999))),
-    ),
+    "easy": (_Kind("chain", ((10, 299), (1, 9))),),
+    "medium": (_Kind("chain", ((10, 299), (1, 9), (1, 9))),),
+    "hard": (_Kind("chain", ((10, 299), (1, 9), (1, 9), (1, 9))),),
 }
 
 
@@ -96,6 +87,16 @@ def _muladd(a: int, b: int, c: int) -> tuple[str, int, str]:
     return f"{a} * {b} + {c}", p + c, f"{a} * {b} + {c} = {p} + {c} = {p + c}"
 
 
+def _chain(*ops: int) -> tuple[str, int, str]:
+    """a + b + c + ...: worked one addition at a time (`a + b + c = s + c = t`)."""
+    expr = " + ".join(map(str, ops))
+    steps, total = [expr], ops[0]
+    for i in range(1, len(ops)):
+        total += ops[i]
+        steps.append(" + ".join(map(str, (total, *ops[i + 1 :]))))
+    return expr, total, " = ".join(steps)
+
+
 # name -> (expression, answer, worked line) of the operands.
 _BUILDERS: Mapping[str, Callable[..., tuple[str, int, str]]] = {
     "add": _add,
@@ -103,12 +104,14 @@ _BUILDERS: Mapping[str, Callable[..., tuple[str, int, str]]] = {
     "mul": _mul,
     "addmul": _addmul,
     "muladd": _muladd,
+    "chain": _chain,
 }
 # name -> how many leading operands commute (a + b, a * b, (a + b) * c, a * b + c).
-_COMMUTING = {"add": 2, "sub": 0, "mul": 2, "addmul": 2, "muladd": 2}
+_COMMUTING = {"add": 2, "sub": 0, "mul": 2, "addmul": 2, "muladd": 2, "chain": 0}
 
 
 def _split_key(kind: str, operands: tuple[int, ...]) -> str:
+    # A chain keeps its order: `47 + 8 + 6` and `47 + 6 + 8` are different worked problems.
     k = _COMMUTING[kind]
     canonical = tuple(sorted(operands[:k])) + operands[k:]
     return f"{kind}:" + ",".join(map(str, canonical))

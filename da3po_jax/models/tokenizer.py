@@ -152,6 +152,7 @@ def build_bpe_tokenizer(
 ) -> str:
     """Trains a byte-level BPE tokenizer on `corpus` and saves it as a HF tokenizer folder.
 
+    Digits are always single tokens, as in Qwen's tokenizers.
     Deterministic for the same corpus and vocab size. Special tokens follow Qwen:
     `<|endoftext|>` (pad, base EOS), `<|im_start|>`, `<|im_end|>` (chat EOS).
     """
@@ -161,7 +162,13 @@ def build_bpe_tokenizer(
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     raw = RawTokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits are split one by one (as Qwen's tokenizers do): arithmetic stays learnable.
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -168,7 +168,15 @@ def _check_relations(cfg) -> None:
             f"config.rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
         )
     if not cfg.model.path and not cfg.model.preset:
-        raise ValueError("config.model.path and config.model.preset are both empty")
+        raise ValueError(
+            "config.model.path is required (a HF folder with config.json and "
+            "safetensors), or config.model.preset for random weights"
+        )
+    if not cfg.tokenizer.build_tiny and not (cfg.tokenizer.path or cfg.model.path):
+        raise ValueError(
+            "config.tokenizer.path (or config.model.path) is required: a folder "
+            "with the tokenizer files"
+        )
     if cfg.data.source in ("jsonl", "parquet") and not cfg.data.train_path:
         raise ValueError(f"config.data.train_path is required for data.source={cfg.data.source!r}")
     if len(tuple(cfg.mesh.shape)) != 3:

@@ -30,20 +30,10 @@ from da3po_jax.rl import (
     soft_overlong_punishment,
 )
 from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling.host import decode_responses, pick_bucket
 from da3po_jax.train.rl_step import GroupBatch
 
 log = logging.getLogger(__name__)
-
-
-def pick_bucket(length: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket that holds `length` tokens."""
-    for b in sorted(buckets):
-        if length <= b:
-            return int(b)
-    raise ValueError(
-        f"prompt of {length} tokens exceeds the largest bucket {max(buckets)} "
-        "(config.rollout.prompt_buckets)"
-    )
 
 
 class PromptEncoder:
@@ -130,7 +120,8 @@ class Rollout:
         t1 = time.perf_counter()
         g = gen.num_samples
         refs = [p.answer for p in problems for _ in range(g)]
-        scores = self.scorer.score_batch(self.decode(out.tokens, out.lengths), refs)
+        texts = decode_responses(self.encoder.tokenizer, out.tokens, out.lengths)
+        scores = self.scorer.score_batch([t for group in texts for t in group], refs)
         shape = (len(problems), g)
         correct = np.asarray(scores.correct, np.float32).reshape(shape)
         rewards = np.asarray(scores.rewards, np.float32).reshape(shape)

@@ -44,7 +44,12 @@ def _log_to_file(workdir: str) -> None:
 
 
 def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str):
-    """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present)."""
+    """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present).
+
+    With `sft.stop_acc > 0` the warm-up stops at the first check (every `sft.check_every`
+    steps) where the policy's accuracy at the rollout temperature on `sft.check_prompts`
+    RL-training prompts reaches it: RL then starts in the regime where it can learn.
+    """
     arrays = build_sft_arrays(data.sft, tokenizer, encoder.render, cfg.sft.max_len)
     tx, _ = make_optimizer(
         cfg.optim,
@@ -56,6 +61,9 @@ def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_di
     )
     graphdef, state = init_train_state(model, tx, cfg.seed)
     logger = MetricsLogger(os.path.join(workdir, "sft_logs"), enabled=jax.process_index() == 0)
+    check = None
+    if cfg.sft.stop_acc > 0 and data.train:
+        check = _sft_stop_check(cfg, graphdef, model.cfg, tokenizer, encoder, data, scorer, logger)
     state = run_sft(
         graphdef,
         state,
@@ -65,12 +73,45 @@ def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_di
         cfg.sft.batch_size,
         cfg.seed,
         on_step=lambda i, m: logger.write(i, m, kind="sft") if i % 10 == 0 else None,
+        check=check,
+        check_every=cfg.sft.check_every,
     )
     model = nnx.merge(graphdef, state.params)
     if jax.process_index() == 0:
         save_model(model, out_dir, tokenizer_dir=_tokenizer_dir(cfg, workdir), overwrite=True)
     logger.close()
     return model
+
+
+def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, logger):
+    gen = GenerateConfig(
+        num_samples=4,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        stop_ids=tokenizer.eos_ids,
+        pad_id=tokenizer.pad_id,
+    )
+    rollout = Rollout(Sampler(graphdef, model_cfg, gen), encoder, scorer, gen, 0, {})
+    problems = data.train[: cfg.sft.check_prompts]
+
+    def check(state, step: int) -> bool:
+        metrics = evaluate(
+            rollout, state.params, problems, gen, len(problems), jax.random.PRNGKey(cfg.seed + step)
+        )
+        acc = metrics["eval/avg@4"]
+        logger.write(step, {"sft/check_acc": acc}, kind="sft")
+        log.info(
+            "SFT step %d: accuracy %.3f on %d training prompts (stop at %.2f)",
+            step,
+            acc,
+            len(problems),
+            cfg.sft.stop_acc,
+        )
+        return acc >= cfg.sft.stop_acc
+
+    return check
 
 
 def _tokenizer_dir(cfg, workdir: str) -> str:

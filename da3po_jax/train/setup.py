@@ -37,7 +37,7 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
             tmp = path + ".tmp"
             build_bpe_tokenizer(
                 tmp,
-                corpus(3000, seed=0, template=cfg.data.template),
+                corpus(900, seed=0, template=cfg.data.template),
                 vocab_size=cfg.tokenizer.vocab_size,
             )
             os.replace(tmp, path)

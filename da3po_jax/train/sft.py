@@ -96,8 +96,14 @@ def run_sft(
     batch_size: int,
     seed: int,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    check: Callable[[TrainState, int], bool] | None = None,
+    check_every: int = 0,
 ) -> TrainState:
-    """`steps` SFT updates over shuffled epochs of `data` (fixed batch shape, one compile)."""
+    """Up to `steps` SFT updates over shuffled epochs of `data` (fixed batch, one compile).
+
+    Every `check_every` steps `check(state, step)` may end the warm-up early (returning
+    True), e.g. once the policy's accuracy reaches a useful RL regime.
+    """
     step_fn = jax.jit(sft_step, static_argnums=(0, 1), donate_argnums=(2,))
     n = data["tokens"].shape[0]
     if n < batch_size:
@@ -117,4 +123,7 @@ def run_sft(
             bar.set_postfix(loss=f"{scalars['sft/loss']:.3f}")
             if on_step is not None:
                 on_step(i + 1, scalars)
+        if check is not None and check_every and (i + 1) % check_every == 0 and i + 1 < steps:
+            if check(state, i + 1):
+                break
     return state

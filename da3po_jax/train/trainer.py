@@ -27,6 +27,7 @@ from da3po_jax.rl import (
     update_prior_state,
 )
 from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling.host import pick_bucket
 from da3po_jax.train import config as config_lib
 from da3po_jax.train.checkpoint import Checkpointer, CheckpointError, check_compatible
 from da3po_jax.train.evaluation import evaluate
@@ -38,7 +39,6 @@ from da3po_jax.train.rollout import (
     abstract_round,
     ds_round_update,
     empty_buffer,
-    pick_bucket,
 )
 from da3po_jax.train.setup import Datasets
 from da3po_jax.train.state import init_train_state, make_optimizer

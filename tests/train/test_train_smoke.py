@@ -81,11 +81,25 @@ def read_rows(workdir):
         return [json.loads(line) for line in f]
 
 
+# da3po also exercises the less common paths: reference KL, recomputed old log-probs,
+# micro-batches and the bayes estimator.
+EXTRA = {
+    "grpo": {},
+    "dapo": {},
+    "da3po": {
+        "loss.kl_coef": 0.05,
+        "rollout.logp_old": "recompute",
+        "rl.micro_batch_prompts": 1,
+        "daa.estimator": "bayes",
+    },
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "da3po"])
 def test_two_step_smoke(tmp_path, hash_scorer, algo):
     workdir = str(tmp_path / algo)
-    summary = train(micro_config(algo), workdir)
+    summary = train(micro_config(algo, **EXTRA[algo]), workdir)
     assert summary["steps"] == 2
     rows = [r for r in read_rows(workdir) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2]
@@ -98,6 +112,7 @@ def test_two_step_smoke(tmp_path, hash_scorer, algo):
             assert 1 <= r["ds/rounds"] <= 3
         if algo == "da3po":
             assert r["daa/lambda_mean"] >= 1.0
+            assert r["loss/kl_ref"] >= 0.0  # the reference forward ran
     for name in ("curves.png", "summary.json", "config.json", "tokenizer/tokenizer.json"):
         assert os.path.exists(os.path.join(workdir, name)), name
     assert "eval/avg@2" in summary["after"]
@@ -170,6 +185,22 @@ def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
         train(micro_config("dapo", **{"rollout.group_size": 8, "train.eval_every": 0}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
 
+    # A damaged checkpoint: a clear error, and the files stay as they were.
+    state_dir = os.path.join(workdir, "checkpoints", "1", "state")
+    victims = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(state_dir)
+        for f in fs
+        if os.path.basename(d) == "d"
+    ]  # the array data files
+    assert victims
+    for path in victims:
+        os.remove(path)
+    left = sorted(os.walk(os.path.join(workdir, "checkpoints")))
+    with pytest.raises(CheckpointError, match="cannot restore checkpoint"):
+        train(micro_config("dapo", **{"train.steps": 2, "train.eval_every": 0}), workdir)
+    assert sorted(os.walk(os.path.join(workdir, "checkpoints"))) == left
+
 
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match=r"config.rollout.group_size=1 must be >= 2"):
@@ -209,8 +240,15 @@ def test_algorithm_presets_and_explicit_overrides():
     ),
 )
 def test_every_config_file_parses_and_validates(name):
-    cfg = resolve_config(load_config(name))
+    config = load_config(name)
+    if not config.tokenizer.build_tiny:  # real recipes need a model folder
+        with pytest.raises(ValueError, match="config.model.path is required"):
+            resolve_config(config)
+        config.model.path = "/models/some-hf-folder"
+        config.data.train_path = config.data.train_path or "/data/train.parquet"
+    cfg = resolve_config(config)
     assert cfg.algo in ("grpo", "dapo", "da3po")
+    assert cfg.rl.train_prompts % cfg.rl.mini_batch_prompts == 0
 
 
 class ScriptedScorer:

@@ -1,0 +1,102 @@
+"""Time breakdown of RL steps (rollout, scoring, update, other) and tokens/s, as JSON.
+
+    python benchmarks/rl_step.py                      # the tiny demo config, after warm-up
+    python benchmarks/rl_step.py --preset=qwen2.5-0.5b --max-new-tokens=128
+
+The first step compiles and is reported separately; the steady-state numbers are medians
+over the following steps. Models are random (nothing is downloaded); with a random policy
+nothing is correct, so the benchmark runs GRPO (one generation round per step) unless a
+warm-started workdir is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--preset", default="tiny-math")
+    p.add_argument("--algo", default="grpo")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mini-batch", type=int, default=16)
+    p.add_argument("--micro-batch", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    args = p.parse_args()
+
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    import tiny_math
+
+    from da3po_jax.train.config import resolve_config
+    from da3po_jax.train.rollout import PromptEncoder
+    from da3po_jax.train.setup import (
+        load_datasets,
+        policy_model,
+        prompt_renderer,
+        tokenizer_for,
+    )
+    from da3po_jax.train.trainer import RLTrainer
+    import da3po_jax.train.run as run_lib
+
+    c = tiny_math.get_config()
+    c.algo, c.model.preset = args.algo, args.preset
+    c.model.dtype = c.model.param_dtype = args.dtype
+    c.rollout.prompts_per_round = c.rl.train_prompts = args.prompts
+    c.rollout.group_size, c.rollout.max_new_tokens = args.group_size, args.max_new_tokens
+    c.rl.mini_batch_prompts, c.rl.micro_batch_prompts = args.mini_batch, args.micro_batch
+    c.train.steps, c.train.eval_every, c.train.checkpoint_every = args.steps, 0, 0
+    c.sft.enable = False
+    cfg = resolve_config(c)
+    workdir = tempfile.mkdtemp(prefix="rl_step_bench_")
+    tokenizer = tokenizer_for(cfg, workdir)
+    data = load_datasets(cfg)
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
+    scorer = run_lib.RewardScorer(num_workers=1)
+    model = policy_model(cfg, tokenizer)
+    trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer)
+    steps = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        m = trainer.step()
+        m["wall"] = time.perf_counter() - t0
+        steps.append(m)
+    trainer.close()
+    scorer.close()
+
+    def med(key, rows):
+        return statistics.median(r[key] for r in rows)
+
+    steady = steps[1:] or steps
+    parts = {k: med(f"time/{k}", steady) for k in ("rollout", "scoring", "update")}
+    wall = med("wall", steady)
+    rows = args.prompts * args.group_size
+    train_tokens = rows * (trainer.train_prompt_len + args.max_new_tokens)
+    print(json.dumps({
+        "benchmark": "rl_step",
+        "preset": args.preset,
+        "params": model.cfg.num_params(),
+        "algo": args.algo,
+        "prompts_x_samples": f"{args.prompts}x{args.group_size}",
+        "max_new_tokens": args.max_new_tokens,
+        "first_step_seconds (compile)": steps[0]["wall"],
+        "step_seconds": wall,
+        "breakdown_seconds": {**parts, "other": wall - sum(parts.values())},
+        "generated_tokens_per_step": med("response/len_mean", steady) * rows,
+        "gen_tokens_per_s": med("throughput/gen_tokens_per_s", steady),
+        "train_tokens_per_s": train_tokens / parts["update"],
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
