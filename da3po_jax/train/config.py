@@ -7,6 +7,7 @@ allowed) and returns an immutable config; training code never mutates it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -185,35 +186,19 @@ def _check_relations(cfg) -> None:
         )
 
 
+def _from_section(cls, section):
+    """`cls` built from the config section's fields of the same names (others default)."""
+    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})
+
+
 def loss_config(cfg) -> LossConfig:
-    lc = cfg.loss
-    return LossConfig(
-        eps_low=lc.eps_low,
-        eps_high=lc.eps_high,
-        clip_ratio_c=lc.clip_ratio_c,
-        ratio_level=lc.ratio_level,
-        agg=lc.agg,
-        kl_coef=lc.kl_coef,
-        kl_estimator=lc.kl_estimator,
-    )
+    return _from_section(LossConfig, cfg.loss)
 
 
 def advantage_config(cfg) -> AdvantageConfig:
-    return AdvantageConfig(norm=cfg.adv.norm, std_ddof=cfg.adv.std_ddof, eps=cfg.adv.eps)
+    return _from_section(AdvantageConfig, cfg.adv)
 
 
 def daa_config(cfg) -> DAAConfig | None:
     """The DAA settings, or None when DAA is off (GRPO, DAPO)."""
-    if not cfg.daa.enable:
-        return None
-    d = cfg.daa
-    return DAAConfig(
-        estimator=d.estimator,
-        tau=d.tau,
-        beta=d.beta,
-        lambda_max=d.lambda_max,
-        gamma=d.gamma,
-        prior_ema=d.prior_ema,
-        history_decay=d.history_decay,
-        apply_to=d.apply_to,
-    )
+    return _from_section(DAAConfig, cfg.daa) if cfg.daa.enable else None

@@ -1,0 +1,341 @@
+"""Jitted KV-cached generation: one prefill per prompt, G samples per prompt, early exit.
+
+`generate_with_cache` is one jitted function over fixed shapes:
+
+1. Prefill: the P left-padded prompts [P, Tp] run once through the model, writing their
+   keys/values into a small [P, Tp] cache; only the last position's logits are computed.
+2. Share: each prompt's keys/values are copied into rows p*G .. p*G+G-1 of the big
+   [P*G, Tp + N - 1] cache, which the caller donates, so its buffer is reused across calls
+   and updated in place (no copy per step).
+3. Decode: a `lax.while_loop` feeds the last sampled token of every row (one T=1 forward),
+   samples the next one, and stops as soon as every row has emitted a stop id or after
+   max_new_tokens tokens.
+
+The batch axis leads everywhere (prompts, cache, outputs) and no device is named, so the
+same function runs with the batch sharded over a mesh's data axes and the weights laid
+out by the sharding rules; `new_cache` places the cache like the prompts.
+
+Which log-prob the trainer uses as logp_old: `SampleOutput.logp`, the log-prob under the
+policy at temperature 1 with no truncation. The training forward computes log pi_theta at
+temperature 1, and the PPO ratio pi_theta / pi_old must compare the same distribution on
+both sides; at temperature 1 without top-k/top-p, `logp == sample_logp` and rollouts are
+exactly on-policy. With temperature != 1 or top-k/top-p the tokens come from the
+behaviour distribution mu (`sample_logp`) instead of pi_old, so the update is off-policy
+by the ratio pi_old / mu; the trainer may correct with `exp(logp - sample_logp)` (e.g.
+truncated importance sampling), and tokens outside mu's support never appear at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.transformer import KVCache, Transformer, positions_from_mask
+from da3po_jax.sampling.distribution import Draw, SamplingParams, draw
+
+_TRACES = [0]  # incremented each time `generate_with_cache` is traced (= compiled)
+
+
+def trace_count() -> int:
+    """How many times the generate function has been traced (one per compile)."""
+    return _TRACES[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """Static settings of one generate call (hashable; a new value compiles anew).
+
+    Attributes:
+      num_samples: G, samples per prompt.
+      max_new_tokens: N, the cap on response length (tokens, stop id included).
+      temperature: 0 = greedy.
+      top_k: 0 = off.
+      top_p: 1.0 = off.
+      stop_ids: token ids that end a response (the stop token is part of the response).
+      pad_id: written after a response ends.
+    """
+
+    num_samples: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.num_samples < 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                f"num_samples={self.num_samples} and max_new_tokens={self.max_new_tokens} "
+                "must be >= 1"
+            )
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates them
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    def replace(self, **kwargs: Any) -> GenerateConfig:
+        return dataclasses.replace(self, **kwargs)
+
+
+@struct.dataclass
+class SampleOutput:
+    """Responses of P prompts x G samples, N = max_new_tokens.
+
+    Attributes:
+      tokens: [P, G, N] int32 response tokens; pad_id after the response ends.
+      logp: [P, G, N] float32 log pi(token) under the policy at temperature 1 (the
+        trainer's logp_old, see the module docstring); 0 where `mask` is False.
+      sample_logp: [P, G, N] float32 log mu(token) under the sampling distribution used
+        (temperature, top-k, top-p); 0 for greedy and where `mask` is False.
+      mask: [P, G, N] bool, True on response tokens (the stop token included).
+      lengths: [P, G] int32 response lengths (= mask.sum(-1)).
+      truncated: [P, G] bool, True where no stop id was emitted within N tokens.
+      num_steps: [] int32 decode forward passes run after the prefill (N - 1 at most;
+        fewer when every row stopped early).
+    """
+
+    tokens: jax.Array
+    logp: jax.Array
+    sample_logp: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+    num_steps: jax.Array
+
+
+@struct.dataclass
+class _Loop:
+    """Decode-loop carry; R = P * G rows, N = max_new_tokens."""
+
+    step: jax.Array  # [] int32, index of the next token to sample
+    cache: KVCache  # [R, Tp + N - 1] slots
+    last: jax.Array  # [R] int32, token sampled at step - 1
+    done: jax.Array  # [R] bool, a stop id was emitted
+    lengths: jax.Array  # [R] int32
+    tokens: jax.Array  # [R, N] int32
+    logp: jax.Array  # [R, N] float32
+    sample_logp: jax.Array  # [R, N] float32
+
+
+def cache_length(prompt_len: int, max_new_tokens: int) -> int:
+    """KV slots a call needs: the prompt plus every response token but the last."""
+    return prompt_len + max_new_tokens - 1
+
+
+def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
+    """A zeroed cache for `prompt_tokens` [P, Tp], placed like them (batch axis sharded
+    the same way under a mesh, else on their device)."""
+    p, tp = prompt_tokens.shape
+    rows, slots = p * config.num_samples, cache_length(tp, config.max_new_tokens)
+    init = functools.partial(KVCache.init, cfg, rows, slots)
+    shardings = None
+    sharding = getattr(prompt_tokens, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        batch_axes = sharding.spec[0] if len(sharding.spec) else None
+        abstract = jax.eval_shape(init)
+        shardings = jax.tree.map(
+            lambda a: jax.sharding.NamedSharding(
+                sharding.mesh,
+                jax.sharding.PartitionSpec(batch_axes) if a.ndim else jax.sharding.PartitionSpec(),
+            ),
+            abstract,
+        )
+    elif sharding is not None:
+        shardings = sharding
+    return jax.jit(init, out_shardings=shardings)()
+
+
+def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):
+    """Runs the prompts once and copies their keys/values to each prompt's G rows.
+
+    Returns (last-position logits [R, V] float32, cache with index = Tp).
+    """
+    p, tp = tokens.shape
+    small = KVCache.init(model.cfg, p, tp)
+    h, small = model.hidden(tokens, positions_from_mask(mask), mask, small)
+    logits = model.logits(h[:, -1])  # [P, V]: never the full [P, Tp, V]
+
+    def share(x):  # [P, ...] -> [P * G, ...], row p * G + g holds prompt p
+        x = jnp.broadcast_to(x[:, None], (p, num_samples, *x.shape[1:]))
+        return x.reshape(p * num_samples, *x.shape[2:])
+
+    def put(big, new):
+        return jax.lax.dynamic_update_slice(big, share(new), (0,) * big.ndim)
+
+    cache = KVCache(
+        k=tuple(map(put, cache.k, small.k)),
+        v=tuple(map(put, cache.v, small.v)),
+        mask=put(cache.mask, mask),
+        index=jnp.asarray(tp, jnp.int32),
+    )
+    return share(logits), cache
+
+
+def _record(loop: _Loop, d: Draw, config: GenerateConfig) -> _Loop:
+    """Writes the draw of step `loop.step` for rows still running; advances the step."""
+    active = ~loop.done
+    token = jnp.where(active, d.token, config.pad_id)
+    stop = jnp.zeros_like(active)
+    for i in config.stop_ids:
+        stop = stop | (token == i)
+
+    def put(buf, x):
+        return jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, loop.step))
+
+    return loop.replace(
+        step=loop.step + 1,
+        last=token,
+        done=loop.done | (active & stop),
+        lengths=loop.lengths + active.astype(jnp.int32),
+        tokens=put(loop.tokens, token),
+        logp=put(loop.logp, jnp.where(active, d.logp, 0.0)),
+        sample_logp=put(loop.sample_logp, jnp.where(active, d.sample_logp, 0.0)),
+    )
+
+
+def _decode(model, loop: _Loop, prompt_len, rng, config: GenerateConfig) -> _Loop:
+    """The while loop: one T=1 forward and one draw per step until all rows are done."""
+    n, rows = config.max_new_tokens, prompt_len.shape[0]
+    on = jnp.ones((rows, 1), jnp.bool_)
+
+    def cond(loop: _Loop):
+        return (loop.step < n) & ~jnp.all(loop.done)
+
+    def body(loop: _Loop):
+        positions = (prompt_len + loop.step - 1)[:, None]
+        logits, cache = model(loop.last[:, None], positions, on, loop.cache)
+        d = draw(jax.random.fold_in(rng, loop.step), logits[:, 0], config.sampling)
+        return _record(loop.replace(cache=cache), d, config)
+
+    return jax.lax.while_loop(cond, body, loop)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "config"), donate_argnames=("cache",))
+def generate_with_cache(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    cache: KVCache,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    rng: jax.Array,
+    *,
+    config: GenerateConfig,
+) -> tuple[SampleOutput, KVCache]:
+    """Samples G responses for each of P left-padded prompts.
+
+    Args:
+      graphdef, state: `nnx.split(model)`.
+      cache: a cache from `new_cache` (or returned by the previous call with the same
+        shapes); donated: its buffers are reused and must not be read afterwards.
+      prompt_tokens: [P, Tp] int32, left-padded (the last column is a real token).
+      prompt_mask: [P, Tp] bool, True on real tokens.
+      rng: PRNG key; the same key and inputs give the same samples.
+      config: static settings.
+
+    Returns:
+      (SampleOutput, the cache to pass to the next call).
+    """
+    _TRACES[0] += 1
+    model = nnx.merge(graphdef, state)
+    p, g, n = prompt_tokens.shape[0], config.num_samples, config.max_new_tokens
+    prompt_mask = prompt_mask.astype(jnp.bool_)
+    logits, cache = _prefill(model, cache, prompt_tokens, prompt_mask, g)
+    rows = p * g
+    prompt_len = jnp.repeat(jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32), g)
+    loop = _Loop(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        last=jnp.zeros((rows,), jnp.int32),
+        done=jnp.zeros((rows,), jnp.bool_),
+        lengths=jnp.zeros((rows,), jnp.int32),
+        tokens=jnp.full((rows, n), config.pad_id, jnp.int32),
+        logp=jnp.zeros((rows, n), jnp.float32),
+        sample_logp=jnp.zeros((rows, n), jnp.float32),
+    )
+    loop = _record(loop, draw(jax.random.fold_in(rng, 0), logits, config.sampling), config)
+    loop = _decode(model, loop, prompt_len, rng, config)
+    mask = jnp.arange(n)[None, :] < loop.lengths[:, None]
+
+    def per_prompt(x):
+        return x.reshape(p, g, *x.shape[1:])
+
+    out = SampleOutput(
+        tokens=per_prompt(loop.tokens),
+        logp=per_prompt(loop.logp),
+        sample_logp=per_prompt(loop.sample_logp),
+        mask=per_prompt(mask),
+        lengths=per_prompt(loop.lengths),
+        truncated=per_prompt(~loop.done),
+        num_steps=loop.step - 1,
+    )
+    return out, loop.cache
+
+
+def generate(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    rng: jax.Array,
+    config: GenerateConfig,
+) -> SampleOutput:
+    """`generate_with_cache` with a fresh cache (one-off calls; `Sampler` reuses it)."""
+    cfg = nnx.merge(graphdef, state).cfg
+    cache = new_cache(cfg, prompt_tokens, config)
+    out, _ = generate_with_cache(
+        graphdef, state, cache, prompt_tokens, prompt_mask, rng, config=config
+    )
+    return out
+
+
+class Sampler:
+    """Keeps one donated KV cache per (P, Tp, G, N) shape and calls the jitted generate.
+
+    Steady state (same bucket): no allocation of the cache and no recompilation; the
+    cache goes in donated and comes back as an output, ready for the next call.
+
+    Attributes:
+      graphdef: the model's static graph (`nnx.split(model)[0]`).
+      cfg: the model config.
+      config: default `GenerateConfig` (a call may pass another).
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, config: GenerateConfig):
+        self.graphdef = graphdef
+        self.cfg = cfg
+        self.config = config
+        self._caches: dict[tuple[int, ...], KVCache] = {}
+
+    def generate(
+        self,
+        state: nnx.State,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        seed: int | jax.Array,
+        config: GenerateConfig | None = None,
+    ) -> SampleOutput:
+        """Samples for [P, Tp] left-padded prompts; `seed` is an int or a PRNG key."""
+        config = config or self.config
+        rng = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
+        p, tp = prompt_tokens.shape
+        key = (p, tp, config.num_samples, config.max_new_tokens)
+        cache = self._caches.pop(key, None)
+        if cache is None:
+            cache = new_cache(self.cfg, prompt_tokens, config)
+        out, self._caches[key] = generate_with_cache(
+            self.graphdef, state, cache, prompt_tokens, prompt_mask, rng, config=config
+        )
+        return out
+
+    def clear(self) -> None:
+        """Frees the cached KV buffers (e.g. before a memory-hungry train step)."""
+        self._caches.clear()
