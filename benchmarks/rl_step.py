@@ -38,6 +38,7 @@ def main() -> None:
     sys.path.insert(0, os.path.join(ROOT, "configs"))
     import tiny_math
 
+    import da3po_jax.train.run as run_lib
     from da3po_jax.train.config import resolve_config
     from da3po_jax.train.rollout import PromptEncoder
     from da3po_jax.train.setup import (
@@ -47,7 +48,6 @@ def main() -> None:
         tokenizer_for,
     )
     from da3po_jax.train.trainer import RLTrainer
-    import da3po_jax.train.run as run_lib
 
     c = tiny_math.get_config()
     c.algo, c.model.preset = args.algo, args.preset

@@ -120,6 +120,7 @@ def get_config() -> config_dict.ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.log_every = 1
     c.train.wandb_project = ""  # "" = no W&B
+    c.train.export_final = False  # write the final policy as a HF folder <workdir>/final_model
 
     c.eval = config_dict.ConfigDict()
     c.eval.num_samples = 4  # k of avg@k / pass@k

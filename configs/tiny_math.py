@@ -40,6 +40,7 @@ def get_config():
     c.train.steps = 150
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
+    c.train.export_final = True
 
     c.eval.num_samples = 4
     c.eval.max_prompts = 300

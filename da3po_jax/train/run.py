@@ -155,6 +155,14 @@ def train(config, workdir: str) -> dict[str, Any]:
             evals = trainer.run()
         finally:
             trainer.close()
+        if cfg.train.export_final:
+            policy = nnx.merge(trainer.graphdef, trainer.state.params)
+            save_model(
+                policy,
+                os.path.join(workdir, "final_model"),
+                tokenizer_dir=_tokenizer_dir(cfg, workdir),
+                overwrite=True,
+            )
         return _finish(cfg, workdir, trainer, evals)
     finally:
         scorer.close()

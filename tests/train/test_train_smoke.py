@@ -113,7 +113,14 @@ def test_two_step_smoke(tmp_path, hash_scorer, algo):
         if algo == "da3po":
             assert r["daa/lambda_mean"] >= 1.0
             assert r["loss/kl_ref"] >= 0.0  # the reference forward ran
-    for name in ("curves.png", "summary.json", "config.json", "tokenizer/tokenizer.json"):
+    for name in (
+        "curves.png",
+        "summary.json",
+        "config.json",
+        "tokenizer/tokenizer.json",
+        "final_model/model.safetensors",
+        "final_model/tokenizer.json",
+    ):
         assert os.path.exists(os.path.join(workdir, name)), name
     assert "eval/avg@2" in summary["after"]
 
