@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--preset", default="tiny-math")
+    p.add_argument("--preset", default=None, help="model preset (default: the tiny config's)")
     p.add_argument("--algo", default="grpo")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=32)
@@ -39,18 +39,19 @@ def main() -> None:
     import tiny_math
 
     import da3po_jax.train.run as run_lib
+    from da3po_jax.models import get_preset, init_model
     from da3po_jax.train.config import resolve_config
     from da3po_jax.train.rollout import PromptEncoder
     from da3po_jax.train.setup import (
         load_datasets,
-        policy_model,
         prompt_renderer,
         tokenizer_for,
     )
     from da3po_jax.train.trainer import RLTrainer
 
     c = tiny_math.get_config()
-    c.algo, c.model.preset = args.algo, args.preset
+    c.algo = args.algo
+    c.model.preset = args.preset or c.model.preset
     c.model.dtype = c.model.param_dtype = args.dtype
     c.rollout.prompts_per_round = c.rl.train_prompts = args.prompts
     c.rollout.group_size, c.rollout.max_new_tokens = args.group_size, args.max_new_tokens
@@ -63,7 +64,9 @@ def main() -> None:
     data = load_datasets(cfg)
     encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
     scorer = run_lib.RewardScorer(num_workers=1)
-    model = policy_model(cfg, tokenizer)
+    # The preset's own shapes (vocabulary included), not resized to the tiny tokenizer.
+    model = init_model(get_preset(cfg.model.preset, param_dtype=args.dtype, dtype=args.dtype,
+                                  logits_chunk=cfg.model.logits_chunk), seed=0)
     trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer)
     steps = []
     for _ in range(args.steps):
@@ -78,20 +81,23 @@ def main() -> None:
         return statistics.median(r[key] for r in rows)
 
     steady = steps[1:] or steps
-    parts = {k: med(f"time/{k}", steady) for k in ("rollout", "scoring", "update")}
+    keys = ("rollout", "scoring", "update")
+    parts = {k: med(f"time/{k}", steady) for k in keys}
+    for r in steady:
+        r["other"] = r["wall"] - sum(r[f"time/{k}"] for k in keys)
     wall = med("wall", steady)
     rows = args.prompts * args.group_size
     train_tokens = rows * (trainer.train_prompt_len + args.max_new_tokens)
     print(json.dumps({
         "benchmark": "rl_step",
-        "preset": args.preset,
+        "preset": c.model.preset,
         "params": model.cfg.num_params(),
         "algo": args.algo,
         "prompts_x_samples": f"{args.prompts}x{args.group_size}",
         "max_new_tokens": args.max_new_tokens,
         "first_step_seconds (compile)": steps[0]["wall"],
         "step_seconds": wall,
-        "breakdown_seconds": {**parts, "other": wall - sum(parts.values())},
+        "breakdown_seconds": {**parts, "other": med("other", steady)},
         "generated_tokens_per_step": med("response/len_mean", steady) * rows,
         "gen_tokens_per_s": med("throughput/gen_tokens_per_s", steady),
         "train_tokens_per_s": train_tokens / parts["update"],

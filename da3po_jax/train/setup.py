@@ -63,7 +63,7 @@ def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None) -> Transfor
     if path:
         model = load_model(path, **overrides)
     else:
-        vocab = -(-tokenizer.vocab_size // 8) * 8
+        vocab = -(-tokenizer.vocab_size // 8) * 8  # a random model takes the tokenizer vocab
         model = init_model(
             get_preset(cfg.model.preset, vocab_size=vocab, **overrides), seed=cfg.seed
         )
