@@ -3,6 +3,8 @@
 Flags: `--config` (an ml_collections config file, locked: dotted overrides such as
 `--config.algo=dapo` or `--config.rollout.group_size=16` must name existing fields) and
 `--workdir` (checkpoints, metrics, plots; rerunning with the same workdir resumes).
+Multi-process runs start every process with the same flags plus, on GPU clusters,
+`--coordinator_address`, `--num_processes` and `--process_id` (TPU VMs detect these).
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ _WORKDIR = flags.DEFINE_string(
     "/tmp/da3po_run",
     "Directory for checkpoints, metrics and plots; an existing run there is resumed.",
 )
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    "",
+    "host:port of process 0 for multi-process runs on GPU clusters (TPU VMs detect it).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index, 0-based.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -34,7 +43,10 @@ def main(argv: list[str]) -> None:
     ours.addHandler(handler)
     ours.setLevel(logging.INFO)
     ours.propagate = False
-    from da3po_jax.train import train  # after flag parsing: keeps --help fast
+    from da3po_jax.parallel import initialize  # after flag parsing: keeps --help fast
+    from da3po_jax.train import train
+
+    initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
     train(_CONFIG.value, _WORKDIR.value)
 

@@ -229,8 +229,8 @@ def load_model(
     return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
 
 
-def _host_array(x: jax.Array) -> np.ndarray:
-    if not x.is_fully_addressable:  # multi-host: gather the global value on every host
+def _host_array(x: jax.Array | np.ndarray) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # every host must call
         from jax.experimental import multihost_utils
 
         x = multihost_utils.process_allgather(x, tiled=True)

@@ -132,22 +132,27 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 
 
 def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
-    """A zeroed cache for `prompt_tokens` [P, Tp], placed like them (batch axis sharded
-    the same way under a mesh, else on their device)."""
+    """A zeroed cache for `prompt_tokens` [P, Tp], placed like them: under a mesh the batch
+    axis is split as the prompts' is, and KV heads over `tensor` where they divide."""
     p, tp = prompt_tokens.shape
     rows, slots = p * config.num_samples, cache_length(tp, config.max_new_tokens)
     init = functools.partial(KVCache.init, cfg, rows, slots)
     shardings = None
     sharding = getattr(prompt_tokens, "sharding", None)
     if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
         batch_axes = sharding.spec[0] if len(sharding.spec) else None
-        abstract = jax.eval_shape(init)
+        tensor = mesh.shape.get("tensor", 1)
+        heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
+        P = jax.sharding.PartitionSpec
+
+        def spec(a):
+            if a.ndim == 4:  # [rows, slots, kv_heads, head_dim]
+                return P(batch_axes, None, heads)
+            return P(batch_axes) if a.ndim else P()
+
         shardings = jax.tree.map(
-            lambda a: jax.sharding.NamedSharding(
-                sharding.mesh,
-                jax.sharding.PartitionSpec(batch_axes) if a.ndim else jax.sharding.PartitionSpec(),
-            ),
-            abstract,
+            lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init)
         )
     elif sharding is not None:
         shardings = sharding

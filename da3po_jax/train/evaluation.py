@@ -45,12 +45,10 @@ def evaluate(
         chunk = list(problems[start : start + prompts_per_call])
         real = len(chunk)
         chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
-        out, correct, _, _, _ = rollout.sample_and_score(
-            params, chunk, jax.random.fold_in(rng, start), gen
-        )
-        per_prompt.extend(correct[:real])
-        lengths.append(np.asarray(out.lengths)[:real])
-        truncated.append(np.asarray(out.truncated)[:real])
+        _, host = rollout.sample_and_score(params, chunk, jax.random.fold_in(rng, start), gen)
+        per_prompt.extend(host.correct[:real])
+        lengths.append(host.lengths[:real])
+        truncated.append(host.truncated[:real])
     acc = np.stack(per_prompt) if per_prompt else np.zeros((0, k))
     tiers = defaultdict(list)
     for p, row in zip(problems, acc):

@@ -17,9 +17,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
 from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel import (
+    gather_host_rows,
+    global_batch,
+    host_rows,
+    local_rows,
+    sum_over_hosts,
+    to_host,
+)
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rl import (
     DSBuffer,
@@ -52,12 +61,29 @@ class PromptEncoder:
             self._ids[problem.id] = self.tokenizer.encode([self.render(problem)])[0]
         return self._ids[problem.id]
 
+    def bucket(self, problems: Sequence[MathProblem]) -> int:
+        """The padded length (smallest bucket) that fits every prompt of `problems`."""
+        return pick_bucket(max(len(self.ids(p)) for p in problems), self.buckets)
+
     def pad(self, problems: Sequence[MathProblem], length: int | None = None):
         """(tokens, mask) [P, bucket] for `problems`; `length` forces the padded length."""
         ids = [self.ids(p) for p in problems]
-        if length is None:
-            length = pick_bucket(max(len(i) for i in ids), self.buckets)
-        return self.tokenizer.pad_left(ids, length)
+        return self.tokenizer.pad_left(ids, length or self.bucket(problems))
+
+
+@dataclasses.dataclass
+class HostSamples:
+    """Host-side facts about sampled groups; [P, G] arrays cover all P prompts (gathered
+    from every host), `local_*` only this host's rows."""
+
+    correct: np.ndarray
+    rewards: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    stats: dict[str, int]
+    seconds: dict[str, float]
+    local_correct: np.ndarray
+    local_rewards: np.ndarray
 
 
 @dataclasses.dataclass
@@ -85,6 +111,8 @@ class Rollout:
       train_prompt_len: the fixed prompt length of training batches (every round's
         prompts are re-padded to it so groups of different buckets share one buffer).
       index_of: dataset index of a problem id (for the history estimator).
+      mesh: the device mesh; prompts and samples are split over its batch axes and each
+        host decodes and scores its own rows. None: one device, no sharding.
     """
 
     def __init__(
@@ -95,7 +123,9 @@ class Rollout:
         gen: GenerateConfig,
         train_prompt_len: int,
         index_of: dict[str, int],
+        mesh: Mesh | None = None,
     ):
+        self.mesh = mesh
         self.sampler = sampler
         self.encoder = encoder
         self.scorer = scorer
@@ -103,55 +133,76 @@ class Rollout:
         self.train_prompt_len = train_prompt_len
         self.index_of = index_of
 
-    def decode(self, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
-        tok = self.encoder.tokenizer
-        return [
-            tok.decode(row[:n])
-            for row, n in zip(tokens.reshape(-1, tokens.shape[-1]), lengths.reshape(-1))
-        ]
-
     def sample_and_score(self, params, problems, rng, gen: GenerateConfig | None = None):
-        """(SampleOutput as NumPy, correct [P, G], rewards [P, G], stats, seconds)."""
+        """Samples G responses for each of `problems` (the global list, the same on every
+        host) and scores this host's share of them.
+
+        Returns:
+          (out, host): `out` is the `SampleOutput` as (global) device arrays; `host` the
+          `HostSamples` of all problems, identical on every host.
+        """
         gen = gen or self.gen
+        mesh, n, g = self.mesh, len(problems), gen.num_samples
         t0 = time.perf_counter()
-        tokens, mask = self.encoder.pad(problems)
-        out = self.sampler.generate(params, jnp.asarray(tokens), jnp.asarray(mask), rng, gen)
-        out = jax.device_get(out)
+        rows = host_rows(mesh, n)
+        tokens, mask = self.encoder.pad(problems[rows], self.encoder.bucket(problems))
+        tokens, mask = global_batch((tokens, mask), mesh, n)
+        out = self.sampler.generate(params, tokens, mask, rng, gen)
+        resp, lengths = local_rows(out.tokens, mesh), local_rows(out.lengths, mesh)
         t1 = time.perf_counter()
-        g = gen.num_samples
-        refs = [p.answer for p in problems for _ in range(g)]
-        texts = decode_responses(self.encoder.tokenizer, out.tokens, out.lengths)
+        refs = [p.answer for p in problems[rows] for _ in range(g)]
+        texts = decode_responses(self.encoder.tokenizer, resp, lengths)
         scores = self.scorer.score_batch([t for group in texts for t in group], refs)
-        shape = (len(problems), g)
+        shape = (len(refs) // g, g)
         correct = np.asarray(scores.correct, np.float32).reshape(shape)
         rewards = np.asarray(scores.rewards, np.float32).reshape(shape)
-        seconds = {"rollout": t1 - t0, "scoring": time.perf_counter() - t1}
-        return out, correct, rewards, scores.stats, seconds
+        stats = {k: int(v) for k, v in scores.stats.items()}
+        if jax.process_count() > 1:
+            keys = sorted(stats)
+            totals = sum_over_hosts(np.asarray([stats.get(k, 0) for k in keys]))
+            stats = dict(zip(keys, totals.tolist()))
+        host = HostSamples(
+            correct=gather_host_rows(correct, mesh, n),
+            rewards=gather_host_rows(rewards, mesh, n),
+            lengths=to_host(out.lengths),
+            truncated=to_host(out.truncated),
+            stats=stats,
+            seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1},
+            local_correct=correct,
+            local_rewards=rewards,
+        )
+        return out, host
 
     def round(self, params, problems: Sequence[MathProblem], rng) -> RoundResult:
-        out, correct, rewards, stats, seconds = self.sample_and_score(params, problems, rng)
-        ptok, pmask = self.encoder.pad(problems, self.train_prompt_len)
+        out, host = self.sample_and_score(params, problems, rng)
+        mesh, n = self.mesh, len(problems)
+        rows = host_rows(mesh, n)
+        ptok, pmask = self.encoder.pad(problems[rows], self.train_prompt_len)
+        index = np.asarray([self.index_of.get(p.id, -1) for p in problems[rows]], np.int32)
+        prompt_tokens, prompt_mask, rewards, correct, prompt_index = global_batch(
+            (ptok, pmask, host.local_rewards, host.local_correct, index), mesh, n
+        )
         items = GroupBatch(
-            prompt_tokens=jnp.asarray(ptok),
-            prompt_mask=jnp.asarray(pmask),
-            tokens=jnp.asarray(out.tokens),
-            response_mask=jnp.asarray(out.mask),
-            logp_old=jnp.asarray(out.logp),
-            rewards=jnp.asarray(rewards),
-            correct=jnp.asarray(correct),
-            lengths=jnp.asarray(out.lengths),
-            truncated=jnp.asarray(out.truncated),
-            prompt_index=jnp.asarray([self.index_of.get(p.id, -1) for p in problems], jnp.int32),
+            prompt_tokens=prompt_tokens,
+            prompt_mask=prompt_mask,
+            tokens=out.tokens,
+            response_mask=out.mask,
+            logp_old=out.logp,
+            rewards=rewards,
+            correct=correct,
+            lengths=out.lengths,
+            truncated=out.truncated,
+            prompt_index=prompt_index,
         )
         return RoundResult(
             items,
-            correct,
-            rewards,
-            np.asarray(out.lengths),
-            np.asarray(out.truncated),
+            host.correct,
+            host.rewards,
+            host.lengths,
+            host.truncated,
             list(problems),
-            stats,
-            seconds,
+            host.stats,
+            host.seconds,
         )
 
 

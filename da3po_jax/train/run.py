@@ -16,6 +16,7 @@ import jax
 from flax import nnx
 
 from da3po_jax.models import save_model
+from da3po_jax.parallel import is_main_process, make_mesh, to_host
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.sampling import GenerateConfig, Sampler
 from da3po_jax.train import config as config_lib
@@ -36,14 +37,15 @@ log = logging.getLogger(__name__)
 
 
 def _log_to_file(workdir: str) -> None:
-    handler = logging.FileHandler(os.path.join(workdir, "log.txt"))
+    pid = jax.process_index()
+    handler = logging.FileHandler(os.path.join(workdir, f"log.{pid}.txt" if pid else "log.txt"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     ours = logging.getLogger("da3po_jax")
     ours.addHandler(handler)
     ours.setLevel(logging.INFO)
 
 
-def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str):
+def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str, mesh):
     """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present).
 
     With `sft.stop_acc > 0` the warm-up stops at the first check (every `sft.check_every`
@@ -59,11 +61,13 @@ def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_di
         schedule="cosine",
         b2=0.98,
     )
-    graphdef, state = init_train_state(model, tx, cfg.seed)
+    graphdef, state = init_train_state(model, tx, cfg.seed, mesh)
     logger = MetricsLogger(os.path.join(workdir, "sft_logs"), enabled=jax.process_index() == 0)
     check = None
     if cfg.sft.stop_acc > 0 and data.train:
-        check = _sft_stop_check(cfg, graphdef, model.cfg, tokenizer, encoder, data, scorer, logger)
+        check = _sft_stop_check(
+            cfg, graphdef, model.cfg, tokenizer, encoder, data, scorer, logger, mesh
+        )
     state = run_sft(
         graphdef,
         state,
@@ -75,15 +79,15 @@ def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_di
         on_step=lambda i, m: logger.write(i, m, kind="sft") if i % 10 == 0 else None,
         check=check,
         check_every=cfg.sft.check_every,
+        mesh=mesh,
     )
     model = nnx.merge(graphdef, state.params)
-    if jax.process_index() == 0:
-        save_model(model, out_dir, tokenizer_dir=_tokenizer_dir(cfg, workdir), overwrite=True)
+    _export(model, out_dir, _tokenizer_dir(cfg, workdir))
     logger.close()
     return model
 
 
-def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, logger):
+def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, logger, mesh):
     gen = GenerateConfig(
         num_samples=4,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -93,7 +97,7 @@ def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, 
         stop_ids=tokenizer.eos_ids,
         pad_id=tokenizer.pad_id,
     )
-    rollout = Rollout(Sampler(graphdef, model_cfg, gen), encoder, scorer, gen, 0, {})
+    rollout = Rollout(Sampler(graphdef, model_cfg, gen), encoder, scorer, gen, 0, {}, mesh)
     problems = data.train[: cfg.sft.check_prompts]
 
     def check(state, step: int) -> bool:
@@ -114,6 +118,16 @@ def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, 
     return check
 
 
+def _export(model, out_dir: str, tokenizer_dir: str) -> None:
+    """Writes `model` as a HF folder from process 0; with several processes every host
+    takes part in gathering the sharded parameters first."""
+    if jax.process_count() > 1:
+        graphdef, params = nnx.split(model)
+        model = nnx.merge(graphdef, jax.tree.map(to_host, params))
+    if is_main_process():
+        save_model(model, out_dir, tokenizer_dir=tokenizer_dir, overwrite=True)
+
+
 def _tokenizer_dir(cfg, workdir: str) -> str:
     if cfg.tokenizer.build_tiny:
         return os.path.join(workdir, "tokenizer")
@@ -127,10 +141,13 @@ def train(config, workdir: str) -> dict[str, Any]:
       A summary: held-out accuracy before and after (by tier) and the workdir's files.
     """
     cfg = config_lib.resolve_config(config)
+    mesh = make_mesh(cfg.mesh.shape)
+    log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
     os.makedirs(workdir, exist_ok=True)
     _log_to_file(workdir)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2, default=str)
+    if is_main_process():
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(cfg.to_dict(), f, indent=2, default=str)
     tokenizer = tokenizer_for(cfg, workdir)
     data = load_datasets(cfg)
     log.info(
@@ -148,44 +165,39 @@ def train(config, workdir: str) -> dict[str, Any]:
     )
     try:
         if cfg.stage == "sft":
-            return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer)
-        model = _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer)
-        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer)
+            return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
+        model = _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
+        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer, mesh)
         try:
             evals = trainer.run()
         finally:
             trainer.close()
         if cfg.train.export_final:
             policy = nnx.merge(trainer.graphdef, trainer.state.params)
-            save_model(
-                policy,
-                os.path.join(workdir, "final_model"),
-                tokenizer_dir=_tokenizer_dir(cfg, workdir),
-                overwrite=True,
-            )
+            _export(policy, os.path.join(workdir, "final_model"), _tokenizer_dir(cfg, workdir))
         return _finish(cfg, workdir, trainer, evals)
     finally:
         scorer.close()
 
 
-def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer):
+def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh):
     if cfg.model.init_checkpoint:
-        return policy_model(cfg, tokenizer, cfg.model.init_checkpoint)
+        return policy_model(cfg, tokenizer, cfg.model.init_checkpoint, mesh)
     if not cfg.sft.enable:
-        return policy_model(cfg, tokenizer)
+        return policy_model(cfg, tokenizer, mesh=mesh)
     sft_dir = os.path.join(workdir, "sft_model")
     if os.path.isfile(os.path.join(sft_dir, "config.json")):
         log.info("warm start: reusing %s", sft_dir)
-        return policy_model(cfg, tokenizer, sft_dir)
+        return policy_model(cfg, tokenizer, sft_dir, mesh)
     log.info("warm start: %d SFT steps (cached in %s)", cfg.sft.steps, sft_dir)
-    model = policy_model(cfg, tokenizer)
-    return sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir)
+    model = policy_model(cfg, tokenizer, mesh=mesh)
+    return sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir, mesh)
 
 
-def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer) -> dict[str, Any]:
+def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> dict[str, Any]:
     out_dir = os.path.join(workdir, "sft_model")
-    model = policy_model(cfg, tokenizer)
-    model = sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir)
+    model = policy_model(cfg, tokenizer, mesh=mesh)
+    model = sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir, mesh)
     summary: dict[str, Any] = {"sft_model": out_dir}
     if data.heldout:
         graphdef, params = nnx.split(model)
@@ -197,7 +209,7 @@ def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer) -> dict[str, Any]
             stop_ids=tokenizer.eos_ids,
             pad_id=tokenizer.pad_id,
         )
-        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {})
+        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {}, mesh)
         problems = data.heldout[: cfg.eval.max_prompts or None]
         summary["eval"] = evaluate(
             rollout,

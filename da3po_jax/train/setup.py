@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 
 import jax
 
@@ -18,6 +19,7 @@ from da3po_jax.data import (
 )
 from da3po_jax.models import Transformer, get_preset, init_model, load_model
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
+from da3po_jax.parallel import param_sharding
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,20 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
     if cfg.tokenizer.build_tiny:
         path = os.path.join(workdir, "tokenizer")
         if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            tmp = path + ".tmp"
+            # deterministic, so every process of a multi-host run may build it; the first
+            # rename wins and the others drop their copy
+            tmp = f"{path}.tmp{jax.process_index()}"
             build_bpe_tokenizer(
                 tmp,
                 corpus(900, seed=0, template=cfg.data.template),
                 vocab_size=cfg.tokenizer.vocab_size,
             )
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
         return Tokenizer.load(path)
     path = cfg.tokenizer.path or cfg.model.path
     if not path:
@@ -51,8 +60,11 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
     return Tokenizer.load(path)
 
 
-def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None) -> Transformer:
-    """Loads `path` (or config.model.path) or builds the preset with random weights."""
+def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None, mesh=None) -> Transformer:
+    """Loads `path` (or config.model.path) or builds the preset with random weights; with
+    `mesh`, every parameter is created or read straight into its shards (`parallel.RULES`).
+    """
+    sharding = param_sharding(mesh) if mesh is not None else None
     overrides = dict(
         param_dtype=cfg.model.param_dtype,
         dtype=cfg.model.dtype,
@@ -61,11 +73,13 @@ def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None) -> Transfor
     )
     path = path or cfg.model.path
     if path:
-        model = load_model(path, **overrides)
+        model = load_model(path, sharding=sharding, **overrides)
     else:
         vocab = -(-tokenizer.vocab_size // 8) * 8  # a random model takes the tokenizer vocab
         model = init_model(
-            get_preset(cfg.model.preset, vocab_size=vocab, **overrides), seed=cfg.seed
+            get_preset(cfg.model.preset, vocab_size=vocab, **overrides),
+            seed=cfg.seed,
+            sharding=sharding,
         )
     if model.cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from da3po_jax.data import MathProblem
 from da3po_jax.models import positions_from_mask
 from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel import global_batch, host_rows, replicated
 from da3po_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -98,17 +99,25 @@ def run_sft(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     check: Callable[[TrainState, int], bool] | None = None,
     check_every: int = 0,
+    mesh=None,
 ) -> TrainState:
     """Up to `steps` SFT updates over shuffled epochs of `data` (fixed batch, one compile).
 
     Every `check_every` steps `check(state, step)` may end the warm-up early (returning
     True), e.g. once the policy's accuracy reaches a useful RL regime.
     """
-    step_fn = jax.jit(sft_step, static_argnums=(0, 1), donate_argnums=(2,))
+    shardings = jax.tree.map(lambda x: x.sharding, state) if mesh is not None else None
+    step_fn = jax.jit(
+        sft_step,
+        static_argnums=(0, 1),
+        donate_argnums=(2,),
+        out_shardings=(shardings, replicated(mesh)) if mesh is not None else None,
+    )
     n = data["tokens"].shape[0]
     if n < batch_size:
         raise ValueError(f"{n} SFT examples are fewer than sft.batch_size={batch_size}")
     rng = np.random.default_rng(seed)
+    rows = host_rows(mesh, batch_size)  # every host draws the same batch, feeds its rows
     order = rng.permutation(n)
     pos = 0
     bar = tqdm(range(steps), desc="sft", dynamic_ncols=True, leave=False)
@@ -117,7 +126,8 @@ def run_sft(
             order, pos = rng.permutation(n), 0
         idx = order[pos : pos + batch_size]
         pos += batch_size
-        state, metrics = step_fn(graphdef, tx, state, {k: v[idx] for k, v in data.items()})
+        local = {k: v[idx[rows]] for k, v in data.items()}
+        state, metrics = step_fn(graphdef, tx, state, global_batch(local, mesh, batch_size))
         if on_step is not None or i % 10 == 0:
             scalars = {k: float(v) for k, v in metrics.items()}
             bar.set_postfix(loss=f"{scalars['sft/loss']:.3f}")

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from da3po_jax.parallel import replicated, tree_shardings
+
 
 @struct.dataclass
 class TrainState:
@@ -74,13 +76,23 @@ def make_optimizer(
     return optax.chain(*parts), schedule
 
 
-def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int):
-    """(graphdef, TrainState) for `model`, with fresh optimizer state."""
+def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int, mesh=None):
+    """(graphdef, TrainState) for `model`, with fresh optimizer state; with `mesh`, the
+    optimizer state is created sharded by the same rules as the parameters."""
     graphdef, params = nnx.split(model)
+    if mesh is None:
+        opt_state = tx.init(params)
+    else:
+        shardings = tree_shardings(jax.eval_shape(tx.init, params), mesh)
+        opt_state = jax.jit(tx.init, out_shardings=shardings)(params)
     state = TrainState(
         params=params,
-        opt_state=tx.init(params),
+        opt_state=opt_state,
         step=jnp.zeros((), jnp.int32),
         rng=jax.random.PRNGKey(seed),  # raw uint32 key: checkpoints as a plain array
     )
+    if mesh is not None:
+        state = state.replace(
+            **jax.device_put({"step": state.step, "rng": state.rng}, replicated(mesh))
+        )
     return graphdef, state

@@ -12,9 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from da3po_jax.data import PromptIterator
+from da3po_jax.parallel import replicated, to_host
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rl import (
     OverlongConfig,
@@ -69,14 +71,15 @@ class RLTrainer:
         encoder: PromptEncoder,
         data: Datasets,
         scorer: RewardScorer,
+        mesh: Mesh | None = None,
     ):
-        self.cfg, self.workdir, self.data = cfg, workdir, data
+        self.cfg, self.workdir, self.data, self.mesh = cfg, workdir, data, mesh
         self.g = cfg.rollout.group_size
         self.capacity = cfg.rl.train_prompts
         self.round_size = cfg.rollout.prompts_per_round if cfg.ds.enable else self.capacity
         updates = cfg.rl.num_iterations * (cfg.rl.train_prompts // cfg.rl.mini_batch_prompts)
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.train.steps, updates)
-        self.graphdef, self.state = init_train_state(model, self.tx, cfg.seed)
+        self.graphdef, self.state = init_train_state(model, self.tx, cfg.seed, mesh)
         self.ref_params = None
         if cfg.loss.kl_coef > 0:  # frozen copy: the policy's buffers are donated each step
             self.ref_params = jax.tree.map(jnp.copy, self.state.params)
@@ -107,13 +110,10 @@ class RLTrainer:
             self.gen,
             self.train_prompt_len,
             index_of,
+            mesh,
         )
-        self.iterator = PromptIterator(
-            data.train,
-            seed=cfg.seed,
-            shard_index=jax.process_index(),
-            num_shards=jax.process_count(),
-        )
+        # Every host walks the same global stream; each feeds its rows of every batch.
+        self.iterator = PromptIterator(data.train, seed=cfg.seed)
         self.step_cfg = RLStepConfig(
             group_size=self.g,
             mini_batch_prompts=cfg.rl.mini_batch_prompts,
@@ -138,7 +138,15 @@ class RLTrainer:
                 "failure": jnp.zeros(len(data.train)),
             },
         }
-        self._update = jax.jit(rl_update, static_argnums=(0, 1, 2), donate_argnums=(3,))
+        if mesh is not None:
+            self.aux = jax.device_put(self.aux, replicated(mesh))
+        state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh else None
+        self._update = jax.jit(
+            rl_update,
+            static_argnums=(0, 1, 2),
+            donate_argnums=(3,),
+            out_shardings=(state_shardings, replicated(mesh)) if mesh else None,
+        )
         self._ds_update = jax.jit(ds_round_update, static_argnums=(2, 3, 4, 5, 6, 7))
         self._seed_buffer = jax.jit(ds_add_round)
         self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
@@ -209,9 +217,9 @@ class RLTrainer:
                 cfg.overlong.buffer,
                 cfg.overlong.penalty,
             )
-            acc[rounds * n : (rounds + 1) * n] = np.asarray(mu)
+            acc[rounds * n : (rounds + 1) * n] = to_host(mu)
             acc_valid[rounds * n : (rounds + 1) * n] = True
-            host.add(res, np.asarray(keep))
+            host.add(res, to_host(keep))
             rounds += 1
         count = int(buffer.count)
         if count < self.capacity:

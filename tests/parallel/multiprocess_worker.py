@@ -1,0 +1,59 @@
+"""One process of a (possibly multi-process) 2-step RL run on the micro config.
+
+  python multiprocess_worker.py WORKDIR [COORDINATOR NUM_PROCESSES PROCESS_ID]
+
+The device count comes from XLA_FLAGS set by the caller. Rewards come from a hash of
+the response text (a random policy is almost never right), so groups are mixed and the
+run is deterministic.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _smoke_module():
+    path = os.path.join(os.path.dirname(HERE), "train", "test_train_smoke.py")
+    spec = importlib.util.spec_from_file_location("train_smoke", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> None:
+    workdir = argv[0]
+    from da3po_jax.parallel import initialize
+
+    if len(argv) > 1:
+        initialize(argv[1], int(argv[2]), int(argv[3]))
+    import jax
+
+    print(
+        f"process {jax.process_index()} of {jax.process_count()}: "
+        f"{jax.local_device_count()} local / {jax.device_count()} global devices",
+        flush=True,
+    )
+    import da3po_jax.train.run as run_lib
+
+    smoke = _smoke_module()
+    run_lib.RewardScorer = smoke.HashScorer
+    cfg = smoke.micro_config(
+        "da3po",
+        **{
+            "rollout.prompts_per_round": 8,
+            "rl.train_prompts": 8,
+            "rl.mini_batch_prompts": 4,
+            "train.export_final": True,
+            "eval.prompts_per_call": 8,
+            "mesh.shape": (-1, 1, 1),
+        },
+    )
+    run_lib.train(cfg, workdir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
