@@ -22,7 +22,6 @@ from da3po_jax.rl import (
     OverlongConfig,
     PromptHistory,
     ds_add_round,
-    expand_group_mask,
     init_prior_state,
     prior_from_state,
     update_history,
@@ -203,10 +202,12 @@ class RLTrainer:
         acc = np.zeros(max_rounds * n, np.float32)
         acc_valid = np.zeros(max_rounds * n, np.bool_)
         host = _RoundStats()
+        self._generated: list[tuple[jax.Array, jax.Array]] = []  # (prompt index, correct)
         rounds = 0
         while int(buffer.count) < self.capacity and rounds < max_rounds:
             problems = self.iterator.next_batch(n)
             res = self.rollout.round(self.state.params, problems, keys[rounds])
+            self._generated.append((res.items.prompt_index, res.items.correct))
             buffer, surplus, keep, mu = self._ds_update(
                 buffer,
                 res.items,
@@ -250,6 +251,20 @@ class RLTrainer:
         )
         return prior, hist, idx
 
+    def _update_history(self) -> None:
+        """Adds this step's outcomes to the per-prompt history table: every generated group,
+        including those dynamic sampling filtered (all wrong / all right), which carry most
+        of the information about a hard prompt (ALGORITHMS.md, `bayes` / `history`)."""
+        idx = jnp.concatenate([i for i, _ in self._generated])
+        correct = jnp.concatenate([c for _, c in self._generated])
+        known = idx >= 0
+        safe = jnp.maximum(idx, 0)
+        table = self.aux["history"]
+        hist = PromptHistory(table["success"][safe], table["failure"][safe])
+        new = update_history(hist, correct.reshape(-1), self.g, self.cfg.daa.history_decay)
+        for key, val in (("success", new.success), ("failure", new.failure)):
+            table[key] = table[key].at[safe].set(jnp.where(known, val, table[key][safe]))
+
     def step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         keys = jax.random.split(self.state.rng, 1 + max(self.cfg.ds.max_rounds, 1))
@@ -269,14 +284,7 @@ class RLTrainer:
             self.ref_params,
         )
         if hist is not None:
-            valid = expand_group_mask(buffer.valid, self.g)
-            new = update_history(
-                hist, buffer.items.correct.reshape(-1), self.g, self.cfg.daa.history_decay, valid
-            )
-            keep = buffer.valid
-            for key, val in (("success", new.success), ("failure", new.failure)):
-                table = self.aux["history"][key]
-                self.aux["history"][key] = table.at[idx].set(jnp.where(keep, val, table[idx]))
+            self._update_history()
         metrics.update({k: float(v) for k, v in jax.device_get(dev).items()})
         t2 = time.perf_counter()
         metrics["optim/lr"] = float(self.schedule(int(self.state.step) - 1))
@@ -377,6 +385,7 @@ class _RoundStats:
             "ds/rounds": rounds,
             "ds/batch_fill": count / capacity,
             "ds/surplus_groups": surplus,
+            "samples/generated": float(sum(c.size for c in self.correct)),
             "time/rollout": self.seconds["rollout"],
             "time/scoring": self.seconds["scoring"],
             "_gen_tokens": 0.0,

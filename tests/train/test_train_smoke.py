@@ -305,3 +305,28 @@ def test_dynamic_sampling_refill_surplus_and_round_cap(tmp_path, monkeypatch, ca
     # Step 2 trains on the carried surplus group and the new mixed one: no zero-variance
     # group among the non-empty slots.
     assert step2["adv/zero_var_frac"] == 0.0 and step1["adv/zero_var_frac"] == 0.0
+
+
+def test_history_counts_every_generated_group(tmp_path, hash_scorer):
+    """The history estimator's per-prompt table counts all generated groups, including
+    the ones dynamic sampling filtered out, so after one step (decay acts on zeros) its
+    total count equals the number of responses generated."""
+    import orbax.checkpoint as ocp
+
+    cfg = micro_config(
+        "da3po", **{"train.steps": 1, "train.eval_every": 0, "daa.estimator": "history"}
+    )
+    workdir = str(tmp_path / "run")
+    train(cfg, workdir)
+    (row,) = [r for r in read_rows(workdir) if r["kind"] == "train"]
+    tree = ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", "1", "state"))
+    success, failure = (
+        np.asarray(tree["history"]["success"]),
+        np.asarray(tree["history"]["failure"]),
+    )
+    assert success.sum() + failure.sum() == row["samples/generated"] > 0
+    # with dynamic sampling some groups were filtered, and they are counted too
+    assert row["samples/generated"] > cfg.rl.train_prompts * cfg.rollout.group_size or (
+        row["ds/kept_frac"] == 1.0
+    )
+    assert success.sum() == pytest.approx(row["reward/acc"] * row["samples/generated"])
