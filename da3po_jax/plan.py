@@ -1,0 +1,420 @@
+"""Memory planner: per-device bytes of an RL run before any weights are downloaded.
+
+    python -m da3po_jax.plan --config=configs/qwen_math.py --config.mesh.shape=1,8,1 \
+        --config.model.preset=qwen2.5-math-7b --device=h100 [--num_devices=8] [--json]
+
+Flags: `--config` (locked; dotted overrides such as `--config.mesh.shape=1,4,2`),
+`--device` (a key of `DEVICE_GIB`) or `--device_gib`, `--num_devices` (default 8: resolves
+a -1 in mesh.shape; e.g. 4 for a v5p-8, 1 for one GPU), `--prompt_len` (default the
+largest rollout bucket), `--usable` (0.9) and `--json`. They are defined only when the
+module runs as a script, so importing it beside `da3po_jax.main` redefines nothing.
+
+Model shapes come from `config.model.path`'s `config.json` when that folder exists, else
+from `config.model.preset` (with a warning when a path was given but is not here yet).
+
+What is counted (per device, bytes):
+
+* params, optimizer (AdamW mu + nu, step counts) and reference/teacher copies: EXACT, from
+  the sharding rules (`parallel.rules.spec_for` on an `AbstractMesh`: each dimension is
+  divided by the mesh axes its spec names; no devices needed). Shapes come from
+  `nnx.eval_shape` / `jax.eval_shape` of the real constructors, so nothing is guessed.
+* grads: 2 x params in the parameter dtype. `rl_step` accumulates micro-batch gradients
+  in a `lax.scan` carry, so the accumulator and the current micro-batch's gradients are
+  both alive in the worst case (assumption: XLA does not fuse the add into the backward).
+* kv_cache: the largest of the rollout cache (rows = round prompts x group_size, where
+  the round is `rollout.prompts_per_round` with dynamic sampling and `rl.train_prompts`
+  without) and the eval cache (`eval.prompts_per_call` x `eval.num_samples`); slots =
+  prompt_len + max_new_tokens - 1, in the compute dtype. Rows are split over data x fsdp
+  when the prompt count divides, KV heads over tensor when they divide (as `new_cache`).
+* rollout_work (estimate): the prefill's own small cache, the larger of the prefill
+  attention block [P, heads, Tp, Tp] (f32 scores + probs) and one decode step (f32
+  logits x 3 + scores), and the loop's token / log-prob buffers.
+* activations (estimate) of one train micro-batch of b rows per device and T = prompt_len
+  + max_new_tokens: with `model.remat` each layer saves only its input (k = 1 x b*T*H
+  compute-dtype bytes per layer) and one layer is recomputed at a time (2 x the no-remat
+  layer below, for the layer's activations and their gradients); without remat each layer
+  saves k = 8 + 4 * intermediate/hidden units of b*T*H (norms, q, attention output,
+  residuals and the four SwiGLU tensors) plus the attention probs and scores b*heads*T*T
+  (compute dtype + f32). Plus the chunked logits block b*logits_chunk*vocab*4*3 (logits,
+  probs, their product) and the final hidden states in f32.
+* gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
+  time in the compute dtype; 2x for prefetching.
+* batch (estimate): the step's `GroupBatch` plus the dynamic-sampling surplus buffer:
+  (train_prompts + round) x G rows x (prompt_len + max_new_tokens) x 9 bytes (int32
+  tokens, bool masks, f32 log-probs), split over data x fsdp when divisible.
+
+peak = params + optimizer + reference + teacher + batch + gathered
+       + max(rollout phase = kv_cache + rollout_work, train phase = grads + activations):
+the cache is freed before the update runs. `fits` is peak <= usable x device memory
+(default usable = 0.9; on GPUs JAX preallocates 75% unless XLA_PYTHON_CLIENT_MEM_FRACTION
+is raised, e.g. to .95). Device memory per chip (GiB, nominal): see `DEVICE_GIB`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+import jax
+from jax.sharding import AbstractMesh, AxisType
+
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
+from da3po_jax.parallel.rules import spec_for
+
+log = logging.getLogger(__name__)
+
+GiB = 1024**3
+
+# Accelerator memory per chip (GiB): TPU v4 32, v5e 16, v5p 95, v6e (Trillium) 32,
+# NVIDIA H100 SXM 80, H200 141 (nominal marketing figures).
+DEVICE_GIB: dict[str, float] = {
+    "v4": 32,
+    "v5e": 16,
+    "v5p": 95,
+    "v6e": 32,
+    "h100": 80,
+    "h200": 141,
+}
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_FIELDS = ("param_dtype", "dtype", "logits_chunk", "remat")
+_COMPONENTS = (
+    "params",
+    "optimizer",
+    "grads",
+    "reference",
+    "teacher",
+    "batch",
+    "gathered",
+    "kv_cache",
+    "rollout_work",
+    "activations",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes by component, the peak, and the verdict (see the module docstring)."""
+
+    params: int
+    optimizer: int
+    grads: int
+    reference: int
+    teacher: int
+    batch: int
+    gathered: int
+    kv_cache: int
+    rollout_work: int
+    activations: int
+    peak: int
+    device_bytes: int
+    usable: float
+    fits: bool
+    info: dict[str, Any]
+
+    @property
+    def fraction(self) -> float:
+        """peak / device memory."""
+        return self.peak / self.device_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["fraction"] = self.fraction
+        return out
+
+    def table(self) -> str:
+        """A readable table: GiB per component, peak and % of the device."""
+        i = self.info
+        lines = [
+            f"model {i['model']} ({i['num_params'] / 1e9:.2f}B params, "
+            f"param_dtype={i['param_dtype']}, dtype={i['dtype']}, remat={i['remat']})",
+            f"mesh (data, fsdp, tensor) = {tuple(i['mesh'])}; device {i['device']} "
+            f"({self.device_bytes / GiB:.0f} GiB, usable {self.usable:.0%})",
+            f"rollout rows {i['rollout_rows']} x {i['rollout_slots']} slots; eval rows "
+            f"{i['eval_rows']} x {i['eval_slots']}; train micro-batch {i['micro_rows']} rows "
+            f"({i['micro_rows_per_device']} per device) x {i['seq_len']} tokens",
+            f"{'component':<14}{'GiB/device':>12}{'% device':>10}",
+        ]
+        for name in _COMPONENTS:
+            b = getattr(self, name)
+            lines.append(f"{name:<14}{b / GiB:>12.2f}{100 * b / self.device_bytes:>9.1f}%")
+        lines.append(f"{'rollout phase':<14}{i['rollout_phase'] / GiB:>12.2f}")
+        lines.append(f"{'train phase':<14}{i['train_phase'] / GiB:>12.2f}")
+        lines.append(f"{'PEAK':<14}{self.peak / GiB:>12.2f}{100 * self.fraction:>9.1f}%")
+        lines.append(
+            f"fits: {self.fits} (peak {self.peak / GiB:.2f} GiB vs usable "
+            f"{self.usable * self.device_bytes / GiB:.2f} GiB)"
+        )
+        return "\n".join(lines)
+
+
+def abstract_mesh(shape: tuple[int, int, int]) -> AbstractMesh:
+    """A (data, fsdp, tensor) mesh of `shape` without devices (for `spec_for`)."""
+    return AbstractMesh(tuple(shape), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def sharded_nbytes(path: Any, shape: tuple[int, ...], itemsize: int, mesh: AbstractMesh) -> int:
+    """Bytes of one device's shard of the array at `path` under the sharding rules."""
+    spec = spec_for(path, shape, mesh)
+    dims = list(shape)
+    for i, entry in enumerate(spec):
+        for axis in (entry,) if isinstance(entry, str) else entry or ():
+            dims[i] //= mesh.shape[axis]
+    return math.prod(dims) * itemsize
+
+
+def tree_nbytes(tree: Any, mesh: AbstractMesh) -> int:
+    """Per-device bytes of every array leaf of `tree` (arrays or `ShapeDtypeStruct`s)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return sum(sharded_nbytes(p, x.shape, x.dtype.itemsize, mesh) for p, x in leaves)
+
+
+def abstract_params(model_cfg: ModelConfig) -> Any:
+    """The policy's parameter `nnx.State` as shapes only (no memory allocated)."""
+    from flax import nnx
+
+    from da3po_jax.models.transformer import Transformer
+
+    abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)[1]
+
+
+def model_config(section: Any, vocab_size: int | None = None) -> ModelConfig:
+    """The `ModelConfig` of a `config.model`-like section (path, preset, dtypes...).
+
+    `path` with a config.json wins; otherwise `preset` is used (with a warning when a
+    path was given: planning usually happens before the weights are downloaded).
+    """
+    from da3po_jax.models.presets import get_preset
+
+    get = section.get if hasattr(section, "get") else lambda k, d=None: getattr(section, k, d)
+    overrides = {k: get(k) for k in _DTYPE_FIELDS if get(k, None) is not None}
+    path, preset = get("path", "") or "", get("preset", "") or ""
+    if path and os.path.isfile(os.path.join(path, "config.json")):
+        return ModelConfig.from_hf_folder(path, **overrides)
+    if not preset:
+        raise ValueError(
+            f"model.path={path!r} has no config.json here and model.preset is empty: set "
+            "model.preset (e.g. qwen2.5-math-7b) to plan before downloading the weights"
+        )
+    if path:
+        log.warning("model.path=%r has no config.json here; planning with preset %r", path, preset)
+    if vocab_size:
+        overrides["vocab_size"] = vocab_size
+    return get_preset(preset, **overrides)
+
+
+def _div(n: int, by: int) -> int:
+    """n split over `by` devices when it divides evenly, else replicated (n)."""
+    return n // by if by > 1 and n % by == 0 else n
+
+
+def plan_memory(
+    cfg: Any,
+    mesh_shape: tuple[int, ...] | None = None,
+    num_devices: int = 8,
+    *,
+    device: str = "h100",
+    device_gib: float | None = None,
+    prompt_len: int | None = None,
+    usable: float = 0.9,
+) -> MemoryPlan:
+    """Plans per-device memory of the RL run `cfg` (a config of `configs/base.py`'s form).
+
+    Args:
+      cfg: the (unresolved or resolved) config.
+      mesh_shape: (data, fsdp, tensor), -1 allowed once; default `cfg.mesh.shape`.
+      num_devices: devices of the run (resolves the -1).
+      device: a key of `DEVICE_GIB`; `device_gib` overrides its memory.
+      prompt_len: padded prompt length; default the largest `rollout.prompt_buckets`.
+      usable: fraction of the device memory the run may use.
+
+    Raises:
+      ValueError: naming `config.mesh.shape` for a bad mesh, or an unknown device.
+    """
+    from da3po_jax.train.config import algorithm_preset
+    from da3po_jax.train.state import make_optimizer
+
+    try:
+        d, f, t = resolve_mesh_shape(
+            cfg.mesh.shape if mesh_shape is None else mesh_shape, num_devices
+        )
+    except ValueError as e:
+        raise ValueError(f"config.{e}") from None
+    if device_gib is None:
+        if device not in DEVICE_GIB:
+            raise ValueError(f"unknown device {device!r}; known: {sorted(DEVICE_GIB)}")
+        device_gib = DEVICE_GIB[device]
+    mesh = abstract_mesh((d, f, t))
+    batch_devs = d * f
+
+    vocab = None
+    if not cfg.model.path and cfg.tokenizer.get("build_tiny", False):
+        vocab = -(-cfg.tokenizer.vocab_size // 8) * 8  # as `setup.policy_model`
+    mc = model_config(cfg.model, vocab)
+    cbytes = _BYTES[mc.dtype]
+
+    # --- exact: parameters, optimizer state, reference and teacher copies
+    params_abs = abstract_params(mc)
+    params = tree_nbytes(params_abs, mesh)
+    tx, _ = make_optimizer(cfg.optim, max(int(cfg.train.steps), 1))
+    optimizer = tree_nbytes(jax.eval_shape(tx.init, params_abs), mesh)
+    grads = 2 * params
+    reference = params if cfg.loss.kl_coef > 0 else 0
+    teacher, teacher_name = 0, ""
+    tsec = cfg.get("teacher") if hasattr(cfg, "get") else None
+    if tsec is not None and (tsec.get("path") or tsec.get("preset")):
+        # `train.teacher.load_teacher` builds it with the policy's dtypes (`policy_model`)
+        teacher_name = tsec.get("path") or tsec.get("preset")
+        section = {**{k: cfg.model.get(k) for k in _DTYPE_FIELDS}, **dict(tsec.items())}
+        try:
+            tcfg = model_config(section, vocab)
+        except ValueError:
+            log.warning(
+                "teacher %r has no config.json here: assuming the policy's shapes", teacher_name
+            )
+            tcfg = mc
+        teacher = tree_nbytes(abstract_params(tcfg), mesh)
+
+    # --- shapes of the run
+    g = int(cfg.rollout.group_size)
+    tp = int(prompt_len or max(cfg.rollout.prompt_buckets))
+    tn = int(cfg.rollout.max_new_tokens)
+    ds = cfg.ds.enable
+    if ds is None:
+        ds = algorithm_preset(cfg.algo, tn)["ds.enable"]
+    round_prompts = int(cfg.rollout.prompts_per_round if ds else cfg.rl.train_prompts)
+    eval_prompts, eval_g = int(cfg.eval.prompts_per_call), int(cfg.eval.num_samples)
+    eval_tn = int(cfg.eval.max_new_tokens or tn)
+    h, L, V = mc.hidden_size, mc.num_layers, mc.vocab_size
+    heads_dev = _div(mc.num_heads, t)
+    kv_dev = _div(mc.num_kv_heads, t)
+
+    # --- rollout phase: KV cache (rollout or eval, the larger) and sampler work buffers
+    def cache_bytes(prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
+        rows_dev = _div(prompts, batch_devs) * samples
+        slots = tp + new_tokens - 1
+        kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes + rows_dev * slots
+        p_dev = _div(prompts, batch_devs)
+        small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
+        prefill_attn = p_dev * heads_dev * tp * tp * (4 + cbytes)
+        decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * slots * (4 + cbytes)
+        loop = rows_dev * new_tokens * 12
+        return kv, small + max(prefill_attn, decode) + loop, slots
+
+    roll_kv, roll_work, roll_slots = cache_bytes(round_prompts, g, tn)
+    ev_kv, ev_work, ev_slots = cache_bytes(eval_prompts, eval_g, eval_tn)
+    kv_cache, rollout_work = (roll_kv, roll_work) if roll_kv >= ev_kv else (ev_kv, ev_work)
+
+    # --- train phase: activations of one micro-batch
+    micro_rows = int(cfg.rl.micro_batch_prompts or cfg.rl.mini_batch_prompts) * g
+    b = _div(micro_rows, batch_devs)
+    seq = tp + tn
+    k_noremat = 8 + 4 * mc.intermediate_size / h
+    layer_full = b * seq * h * cbytes * k_noremat + b * heads_dev * seq * seq * (4 + cbytes)
+    if mc.remat:
+        saved = L * b * seq * h * cbytes + 2 * layer_full
+    else:
+        saved = L * layer_full + layer_full
+    logits_block = b * min(mc.logits_chunk, seq) * V * 4 * 3
+    activations = int(saved + logits_block + 2 * b * seq * h * 4)
+
+    # --- batch buffers and FSDP all-gathers
+    batch = _div(int(cfg.rl.train_prompts) + round_prompts, batch_devs) * g * seq * 9
+    layer_params = (mc.num_params() - V * h * (1 if mc.tie_word_embeddings else 2)) // L
+    gathered = 2 * max(layer_params, V * h) * cbytes if f > 1 else 0
+
+    resident = params + optimizer + reference + teacher + batch + gathered
+    rollout_phase = kv_cache + rollout_work
+    train_phase = grads + activations
+    peak = resident + max(rollout_phase, train_phase)
+    device_bytes = int(device_gib * GiB)
+    info = {
+        "model": cfg.model.path or cfg.model.preset,
+        "num_params": mc.num_params(),
+        "param_dtype": mc.param_dtype,
+        "dtype": mc.dtype,
+        "remat": mc.remat,
+        "teacher": teacher_name,
+        "mesh": [d, f, t],
+        "device": device,
+        "prompt_len": tp,
+        "rollout_rows": round_prompts * g,
+        "rollout_slots": roll_slots,
+        "eval_rows": eval_prompts * eval_g,
+        "eval_slots": ev_slots,
+        "micro_rows": micro_rows,
+        "micro_rows_per_device": b,
+        "seq_len": seq,
+        "rollout_phase": rollout_phase,
+        "train_phase": train_phase,
+    }
+    return MemoryPlan(
+        params=params,
+        optimizer=optimizer,
+        grads=grads,
+        reference=reference,
+        teacher=teacher,
+        batch=batch,
+        gathered=gathered,
+        kv_cache=kv_cache,
+        rollout_work=rollout_work,
+        activations=activations,
+        peak=peak,
+        device_bytes=device_bytes,
+        usable=usable,
+        fits=peak <= usable * device_bytes,
+        info=info,
+    )
+
+
+# ----------------------------------------------------------------------------- CLI
+def _define_flags():
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+    flags.DEFINE_enum("device", "h100", sorted(DEVICE_GIB), "Accelerator kind (memory per chip).")
+    flags.DEFINE_float("device_gib", 0.0, "Memory per device in GiB; overrides --device.")
+    flags.DEFINE_integer(
+        "num_devices", 8, "Devices of the run (resolves a -1 in mesh.shape); e.g. 4 on v5p-8."
+    )
+    flags.DEFINE_integer("prompt_len", 0, "Padded prompt length; 0 = max(rollout.prompt_buckets).")
+    flags.DEFINE_float("usable", 0.9, "Fraction of device memory the run may use.")
+    flags.DEFINE_bool("json", False, "Print the plan as JSON instead of a table.")
+    flags.mark_flags_as_required(["config"])
+
+
+def main(argv: list[str]) -> None:
+    """Prints the memory plan of `--config` on `--num_devices` x `--device`."""
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    F = flags.FLAGS
+    try:
+        plan = plan_memory(
+            F.config,
+            num_devices=F.num_devices,
+            device=F.device,
+            device_gib=F.device_gib or None,
+            prompt_len=F.prompt_len or None,
+            usable=F.usable,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    print(json.dumps(plan.to_dict(), indent=2) if F.json else plan.table())
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)
