@@ -29,11 +29,11 @@ correct/incorrect ratios do not depend on the std):
   trainer's moment fit converges to when the step's prompt success rates are themselves
   Beta(0.5, 4.5) distributed (a hard-prompt population).
 - `history`: `bayes-pop`'s prior plus the prompt's decayed counts at their stationary
-  expectation as the trainer keeps them: the table is updated only with *kept* groups, so
-  s = E[k | keep] / (1 - d), f = E[G - k | keep] / (1 - d), d = history_decay = 0.5.
-- `history-all`: as `history` but with counts from every generated group (filtered ones
-  included): s = G p / (1 - d), f = G (1 - p) / (1 - d). Not what the trainer does; shows
-  what the filtered groups would add.
+  expectation as the trainer keeps them, from every generated group (filtered ones
+  included): s = G p / (1 - d), f = G (1 - p) / (1 - d), d = history_decay = 0.5.
+- `history-kept`: as `history` but with counts from *kept* groups only,
+  s = E[k | keep] / (1 - d), f = E[G - k | keep] / (1 - d): what the trainer did before it
+  counted filtered groups; shows the selection bias that choice carries.
 - `oracle`: `bayes-tier` with gamma = 1 and no cap (lambda = odds(mu) / odds(p) up to the
   posterior-mean approximation), the rule that equalises the two signs' amplification.
 - `ideal`: the ideal centred advantage |R - p| restricted to kept groups (no std).
@@ -64,7 +64,7 @@ METHODS = (
     "bayes-tier",
     "bayes-pop",
     "history",
-    "history-all",
+    "history-kept",
     "oracle",
     "ideal",
 )
@@ -195,7 +195,7 @@ def daa_group_advantages(
         if method == "bayes-pop":
             cfg = DAAConfig(estimator="bayes", tau=TAU)
         else:
-            s, f = history_counts(p, group_size, kept_only=(method == "history"))
+            s, f = history_counts(p, group_size, kept_only=(method == "history-kept"))
             cfg = DAAConfig(estimator="history", tau=TAU, history_decay=HISTORY_DECAY)
             history = PromptHistory(jnp.asarray(np.repeat(s, n_k)), jnp.asarray(np.repeat(f, n_k)))
     new, _ = apply_daa(
