@@ -43,8 +43,9 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
                 f"--num_processes and --process_id; got {coordinator_address!r}, "
                 f"{num_processes}, {process_id}"
             )
-        if jax.config.jax_platforms in (None, "", "cpu") and not _has_accelerator_env():
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # collectives between CPU devices of different processes (only the CPU backend
+        # reads this; GPU and TPU use NCCL / ICI)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     else:
         jax.distributed.initialize()
@@ -55,10 +56,6 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
         jax.local_device_count(),
         jax.device_count(),
     )
-
-
-def _has_accelerator_env() -> bool:
-    return any(k in os.environ for k in ("CUDA_VISIBLE_DEVICES", "TPU_WORKER_HOSTNAMES"))
 
 
 def is_main_process() -> bool:
