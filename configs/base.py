@@ -13,7 +13,7 @@ from ml_collections.config_dict import placeholder
 
 def get_config() -> config_dict.ConfigDict:
     c = config_dict.ConfigDict()
-    c.algo = "da3po"  # grpo | dapo | da3po
+    c.algo = "da3po"  # grpo | dapo | da3po | opd | ra_opd
     c.stage = "rl"  # rl | sft
     c.seed = 0
 
@@ -98,6 +98,25 @@ def get_config() -> config_dict.ConfigDict:
     c.loss.kl_coef = 0.0
     c.loss.kl_estimator = "k3"
 
+    # On-policy distillation (algo = opd | ra_opd): a frozen teacher with the student's
+    # tokenizer scores the student's samples; see ALGORITHMS.md "OPD" / "RA-OPD".
+    c.teacher = config_dict.ConfigDict()
+    c.teacher.path = ""  # HF folder of the teacher (config.json + safetensors [+ tokenizer])
+    c.teacher.preset = ""  # random-init teacher of this preset when path is "" (tests)
+    c.teacher.seed = 1  # init seed of a preset teacher
+    c.teacher.sft_steps = 0  # > 0: build a missing teacher.path by an SFT warm start ...
+    c.teacher.sft_stop_acc = 0.0  # ... of this many steps / stopping at this accuracy
+    c.teacher.eval = True  # evaluate the teacher on the held-out set once at start
+
+    c.opd = config_dict.ConfigDict()
+    c.opd.coef = 1.0  # A_t = -coef * (logp_student_old - logp_teacher), per token
+    c.opd.gamma = 0.0  # discount of the per-token return (0: no discounting)
+    c.opd.with_outcome = False  # add the GRPO outcome advantage to every token
+
+    c.ra_opd = config_dict.ConfigDict()
+    c.ra_opd.delta = 0.0  # aligned iff (c = 1 and D > delta) or (c = 0 and D < -delta)
+    c.ra_opd.baseline = "none"  # none | group_mean (compare D with its group mean)
+
     c.reward = config_dict.ConfigDict()
     c.reward.correct = 1.0
     c.reward.incorrect = 0.0
@@ -132,6 +151,7 @@ def get_config() -> config_dict.ConfigDict:
 
     c.sft = config_dict.ConfigDict()
     c.sft.enable = False  # warm start before RL (cached in the workdir)
+    c.sft.out_dir = ""  # where the warm start is cached; "" = <workdir>/sft_model
     c.sft.steps = 300
     c.sft.batch_size = 32
     c.sft.lr = 3e-3

@@ -92,7 +92,14 @@ class Checkpointer:
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
     """Refuses to resume when fields that change shapes or semantics differ."""
-    keys = ("algo", "model", "rollout.group_size", "rl.train_prompts", "rollout.max_new_tokens")
+    keys = (
+        "algo",
+        "model",
+        "rollout.group_size",
+        "rl.train_prompts",
+        "rollout.max_new_tokens",
+        "teacher",
+    )
     diffs = [k for k in keys if saved.get(k) != current.get(k)]
     if diffs:
         details = "; ".join(

@@ -13,16 +13,36 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from da3po_jax.rl import AGG_MODES, AdvantageConfig, DAAConfig, LossConfig
+from da3po_jax.rl import (
+    AGG_MODES,
+    AdvantageConfig,
+    DAAConfig,
+    LossConfig,
+    OPDConfig,
+    RAOPDConfig,
+)
 
-ALGORITHMS = ("grpo", "dapo", "da3po")
+ALGORITHMS = ("grpo", "dapo", "da3po", "opd", "ra_opd")
+DISTILLATION = ("opd", "ra_opd")
 
 
 def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
     """Defaults that define each algorithm (ALGORITHMS.md): GRPO = std-normalised group
     advantages, symmetric clip, sequence-mean loss; DAPO = dynamic sampling, clip-higher,
     token-level loss, soft overlong punishment over the last fifth of the length cap (the
-    DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA."""
+    DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA. OPD / RA-OPD: per-token teacher
+    advantages with a plain symmetric clip (eps_high = eps_low) and the token-level loss;
+    no dynamic sampling (the teacher signal does not need mixed groups), no DAA, no
+    overlong shaping (placeholders: any of them can still be switched on explicitly)."""
+    if algo in DISTILLATION:
+        return {
+            "ds.enable": False,
+            "daa.enable": False,
+            "overlong.filter": False,
+            "overlong.buffer": 0,
+            "loss.eps_high": 0.2,
+            "loss.agg": "token-mean",
+        }
     if algo == "grpo":
         return {
             "ds.enable": False,
@@ -97,6 +117,10 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "loss.agg": _choice(*AGG_MODES),
     "loss.kl_coef": _non_negative,
     "loss.kl_estimator": _choice("k1", "k3"),
+    "opd.coef": _positive,
+    "opd.gamma": _unit,
+    "ra_opd.delta": _non_negative,
+    "ra_opd.baseline": _choice("none", "group_mean"),
     "reward.timeout_s": _positive,
     "reward.num_workers": _non_negative,
     "optim.lr": _positive,
@@ -180,9 +204,36 @@ def _check_relations(cfg) -> None:
         )
     if cfg.data.source in ("jsonl", "parquet") and not cfg.data.train_path:
         raise ValueError(f"config.data.train_path is required for data.source={cfg.data.source!r}")
+    if cfg.algo in DISTILLATION:
+        _check_distillation(cfg)
     if len(tuple(cfg.mesh.shape)) != 3:
         raise ValueError(
             f"config.mesh.shape={tuple(cfg.mesh.shape)} must have 3 entries (data, fsdp, tensor)"
+        )
+
+
+def _check_distillation(cfg) -> None:
+    """OPD / RA-OPD need a teacher; DAA only reshapes the outcome advantage."""
+    if not cfg.teacher.path and not cfg.teacher.preset:
+        raise ValueError(
+            f"config.teacher.path is required for algo={cfg.algo!r}: a HF folder (config.json "
+            "and safetensors) of the frozen teacher, or config.teacher.preset for a "
+            "random-init teacher (tests)"
+        )
+    if cfg.teacher.path and cfg.teacher.preset:
+        raise ValueError(
+            f"config.teacher.path={cfg.teacher.path!r} and config.teacher.preset="
+            f"{cfg.teacher.preset!r}: set only one"
+        )
+    if cfg.teacher.sft_steps and not cfg.teacher.path:
+        raise ValueError(
+            f"config.teacher.sft_steps={cfg.teacher.sft_steps} builds the teacher into "
+            "config.teacher.path, which is unset"
+        )
+    if cfg.daa.enable and not cfg.opd.with_outcome:
+        raise ValueError(
+            f"config.daa.enable=True with algo={cfg.algo!r} needs config.opd.with_outcome=True "
+            "(DAA amplifies the outcome advantage, which OPD otherwise does not use)"
         )
 
 
@@ -202,3 +253,13 @@ def advantage_config(cfg) -> AdvantageConfig:
 def daa_config(cfg) -> DAAConfig | None:
     """The DAA settings, or None when DAA is off (GRPO, DAPO)."""
     return _from_section(DAAConfig, cfg.daa) if cfg.daa.enable else None
+
+
+def opd_config(cfg) -> OPDConfig | None:
+    """The OPD settings, or None unless the algorithm distils from a teacher."""
+    return _from_section(OPDConfig, cfg.opd) if cfg.algo in DISTILLATION else None
+
+
+def ra_opd_config(cfg) -> RAOPDConfig | None:
+    """The RA-OPD alignment filter, or None unless `algo = "ra_opd"`."""
+    return _from_section(RAOPDConfig, cfg.ra_opd) if cfg.algo == "ra_opd" else None

@@ -1,5 +1,6 @@
-"""The jitted RL update: advantages (GRPO, DAA), overlong shaping and the clipped loss over
-`num_iterations` passes of mini-batch AdamW updates, as one pure function of arrays.
+"""The jitted RL update: advantages (GRPO, DAA; or per-token OPD / RA-OPD from a frozen
+teacher), overlong shaping and the clipped loss over `num_iterations` passes of mini-batch
+AdamW updates, as one pure function of arrays.
 
 Shapes are fixed per run: a batch holds `train_prompts` groups of G responses; empty
 dynamic-sampling slots are masked by `valid`. The loss normaliser of each mini-batch is
@@ -23,13 +24,18 @@ from da3po_jax.rl import (
     BetaPrior,
     DAAConfig,
     LossConfig,
+    OPDConfig,
     OverlongConfig,
     PromptHistory,
+    RAOPDConfig,
     apply_overlong,
     compute_advantages,
     da3po_loss,
+    distillation_return,
     expand_group_mask,
     loss_normalizer,
+    opd_advantages,
+    ra_opd_mask,
 )
 from da3po_jax.train.state import TrainState
 
@@ -65,7 +71,8 @@ class GroupBatch:
 
 @dataclasses.dataclass(frozen=True)
 class RLStepConfig:
-    """Static settings of the update (hashable)."""
+    """Static settings of the update (hashable); `opd` set = distil from the teacher
+    (per-token advantages), `ra_opd` set = also drop reward-misaligned trajectories."""
 
     group_size: int
     mini_batch_prompts: int
@@ -76,6 +83,8 @@ class RLStepConfig:
     daa: DAAConfig | None
     overlong: OverlongConfig
     recompute_logp_old: bool = False
+    opd: OPDConfig | None = None
+    ra_opd: RAOPDConfig | None = None
 
 
 def response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, response_mask):
@@ -137,6 +146,42 @@ def _advantages(batch, valid, cfg: RLStepConfig, prior, history):
     return adv, loss_mask, amplified, metrics
 
 
+def _masked_stats(x: jax.Array, valid: jax.Array, prefix: str) -> dict[str, jax.Array]:
+    """Mean, std, min and max of `x` over `valid` entries (0 when there are none)."""
+    n = valid.sum()
+    mean = jnp.where(valid, x, 0.0).sum() / jnp.maximum(n, 1)
+    var = jnp.where(valid, (x - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1)
+    lo = jnp.where(valid, x, jnp.inf).min()
+    hi = jnp.where(valid, x, -jnp.inf).max()
+    return {
+        f"{prefix}_mean": mean,
+        f"{prefix}_std": jnp.sqrt(var),
+        f"{prefix}_min": jnp.where(n > 0, lo, 0.0),
+        f"{prefix}_max": jnp.where(n > 0, hi, 0.0),
+    }
+
+
+def _distillation(rows, logp_teacher, correct, outcome_adv, cfg: RLStepConfig):
+    """Per-token OPD advantages `[R, Tn]`, the loss mask after the RA-OPD filter, and
+    metrics: mean reverse KL per token, the distillation return D's distribution over
+    trajectories, and (RA-OPD) kept / aligned fractions."""
+    lp_old = rows["logp_old"]
+    m = rows["loss_mask"] > 0
+    adv = opd_advantages(lp_old, logp_teacher, m, config=cfg.opd, outcome_advantages=outcome_adv)
+    d_return = distillation_return(lp_old, logp_teacher, m)
+    has_tokens = m.any(-1)
+    kl = jnp.where(m, lp_old - logp_teacher, 0.0).sum() / jnp.maximum(m.sum(), 1)
+    metrics = {"opd/reverse_kl": kl, **_masked_stats(d_return, has_tokens, "opd/return")}
+    if cfg.ra_opd is not None:
+        keep, ra_metrics = ra_opd_mask(
+            d_return, correct, config=cfg.ra_opd, group_size=cfg.group_size, valid=has_tokens
+        )
+        m = m & keep[:, None]
+        metrics.update(ra_metrics)
+    metrics["opd/adv_token_mean"] = jnp.where(m, adv, 0.0).sum() / jnp.maximum(m.sum(), 1)
+    return adv, m, metrics
+
+
 def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer):
     """Gradient of one mini-batch, accumulated over its micro-batches (shared normaliser)."""
     g = cfg.group_size
@@ -191,8 +236,12 @@ def rl_update(
     prior: BetaPrior | None = None,
     history: PromptHistory | None = None,
     ref_params: Any = None,
+    teacher_params: Any = None,
+    *,
+    teacher_graphdef: Any = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One RL training step on a batch of groups (jit with graphdef, tx, cfg static).
+    """One RL training step on a batch of groups (jit with graphdef, tx, cfg and
+    teacher_graphdef static).
 
     Args:
       state: the `TrainState` (donate it).
@@ -200,6 +249,9 @@ def rl_update(
       valid: [N] bool, slots that hold a kept group.
       prior, history: DAA estimator inputs (bayes / history), else None.
       ref_params: frozen reference parameters when the loss has a KL term.
+      teacher_params, teacher_graphdef: the frozen teacher (`nnx.split` of it; any
+        architecture with the student's tokenizer) when `cfg.opd` is set: its log-probs of
+        the sampled responses (one forward) give the per-token OPD advantages.
 
     Returns:
       (new state, scalar metrics).
@@ -208,13 +260,21 @@ def rl_update(
     adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, history)
     rows = _rows(batch, g)
     rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
-    if cfg.recompute_logp_old or ref_params is not None:
-        fwd = jax.jit(response_logprobs, static_argnums=0)
-        args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
-        if cfg.recompute_logp_old:
-            rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, state.params, *args)[0])
-        if ref_params is not None:
-            rows["logp_ref"] = jax.lax.stop_gradient(fwd(graphdef, ref_params, *args)[0])
+    fwd = jax.jit(response_logprobs, static_argnums=0)
+    args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
+    if cfg.recompute_logp_old:
+        rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, state.params, *args)[0])
+    if ref_params is not None:
+        rows["logp_ref"] = jax.lax.stop_gradient(fwd(graphdef, ref_params, *args)[0])
+    if cfg.opd is not None:
+        if teacher_params is None or teacher_graphdef is None:
+            raise ValueError("RLStepConfig.opd is set: rl_update needs the teacher")
+        logp_teacher = jax.lax.stop_gradient(fwd(teacher_graphdef, teacher_params, *args)[0])
+        adv, rows["loss_mask"], opd_metrics = _distillation(
+            rows, logp_teacher, batch.correct.reshape(-1), adv, cfg
+        )
+        rows["adv"] = adv
+        metrics.update(opd_metrics)
 
     mb_rows = cfg.mini_batch_prompts * g
     n_mb = rows["tokens"].shape[0] // mb_rows

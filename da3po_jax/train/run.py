@@ -1,8 +1,10 @@
 """`train(config, workdir)`: the one library call behind `python -m da3po_jax.main`.
 
 Builds the run from a resolved config: tokenizer, policy (from a HF folder, an SFT warm
-start cached in the workdir, or random init), data, reward workers; then runs the SFT
-stage or the RL loop, writes plots and a summary, and exports the final policy.
+start cached in the workdir or `sft.out_dir`, or random init), the frozen teacher of
+OPD / RA-OPD (a HF folder, built once by a longer SFT warm start when asked), data, reward
+workers; then runs the SFT stage or the RL loop, writes plots and a summary, and exports
+the final policy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import jax
 from flax import nnx
+from ml_collections import config_dict
 
 from da3po_jax.models import save_model
 from da3po_jax.parallel import is_main_process, make_mesh, to_host
@@ -31,6 +34,7 @@ from da3po_jax.train.setup import (
 )
 from da3po_jax.train.sft import build_sft_arrays, run_sft
 from da3po_jax.train.state import init_train_state, make_optimizer
+from da3po_jax.train.teacher import load_teacher
 from da3po_jax.train.trainer import RLTrainer
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,9 @@ def _log_to_file(workdir: str) -> None:
     ours.setLevel(logging.INFO)
 
 
-def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str, mesh):
+def sft_warm_start(
+    cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str, mesh, logs="sft_logs"
+):
     """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present).
 
     With `sft.stop_acc > 0` the warm-up stops at the first check (every `sft.check_every`
@@ -62,7 +68,7 @@ def sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_di
         b2=0.98,
     )
     graphdef, state = init_train_state(model, tx, cfg.seed, mesh)
-    logger = MetricsLogger(os.path.join(workdir, "sft_logs"), enabled=jax.process_index() == 0)
+    logger = MetricsLogger(os.path.join(workdir, logs), enabled=jax.process_index() == 0)
     check = None
     if cfg.sft.stop_acc > 0 and data.train:
         check = _sft_stop_check(
@@ -166,8 +172,17 @@ def train(config, workdir: str) -> dict[str, Any]:
     try:
         if cfg.stage == "sft":
             return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
+        distil = cfg.algo in config_lib.DISTILLATION
+        if distil:
+            _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
         model = _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
-        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer, mesh)
+        teacher, teacher_eval = None, {}
+        if distil:
+            probes = [encoder.render(p) for p in data.train[:2]]
+            teacher = load_teacher(cfg, tokenizer, model, mesh, probes)
+            if cfg.teacher.eval:
+                teacher_eval = _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh)
+        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer, mesh, teacher=teacher)
         try:
             evals = trainer.run()
         finally:
@@ -175,7 +190,7 @@ def train(config, workdir: str) -> dict[str, Any]:
         if cfg.train.export_final:
             policy = nnx.merge(trainer.graphdef, trainer.state.params)
             _export(policy, os.path.join(workdir, "final_model"), _tokenizer_dir(cfg, workdir))
-        return _finish(cfg, workdir, trainer, evals)
+        return _finish(cfg, workdir, trainer, evals, teacher_eval)
     finally:
         scorer.close()
 
@@ -185,7 +200,7 @@ def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh):
         return policy_model(cfg, tokenizer, cfg.model.init_checkpoint, mesh)
     if not cfg.sft.enable:
         return policy_model(cfg, tokenizer, mesh=mesh)
-    sft_dir = os.path.join(workdir, "sft_model")
+    sft_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
     if os.path.isfile(os.path.join(sft_dir, "config.json")):
         log.info("warm start: reusing %s", sft_dir)
         return policy_model(cfg, tokenizer, sft_dir, mesh)
@@ -194,37 +209,78 @@ def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh):
     return sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir, mesh)
 
 
+def _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> None:
+    """Builds a missing `teacher.path` by an SFT warm start of `teacher.sft_steps` steps
+    (stopping at `teacher.sft_stop_acc`): the tiny demo's teacher is the student's model
+    trained longer. Built once and reused by every run that points at the folder."""
+    t = cfg.teacher
+    if t.path and t.sft_steps and not os.path.isfile(os.path.join(t.path, "config.json")):
+        log.info("teacher: building %s by up to %d SFT steps", t.path, t.sft_steps)
+        build = cfg.as_configdict()
+        build.sft.steps, build.sft.stop_acc = t.sft_steps, t.sft_stop_acc
+        build = config_dict.FrozenConfigDict(build)
+        model = policy_model(build, tokenizer, mesh=mesh)
+        sft_warm_start(
+            build, workdir, model, tokenizer, encoder, data, scorer, t.path, mesh, "teacher_logs"
+        )
+
+
+def _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh) -> dict[str, float]:
+    """The teacher's held-out accuracy (the level OPD pulls the student towards), computed
+    once per workdir and cached in `teacher_eval.json`."""
+    path = os.path.join(workdir, "teacher_eval.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    metrics = _heldout_eval(cfg, teacher, encoder, data, scorer, mesh)
+    k = cfg.eval.num_samples
+    log.info("teacher held-out avg@%d: %.3f", k, metrics.get(f"eval/avg@{k}", float("nan")))
+    if is_main_process():
+        with open(path, "w") as f:
+            json.dump(metrics, f, indent=2)
+    return metrics
+
+
+def _heldout_eval(cfg, model, encoder, data, scorer, mesh) -> dict[str, float]:
+    if not data.heldout:
+        return {}
+    tokenizer = encoder.tokenizer
+    graphdef, params = nnx.split(model)
+    gen = GenerateConfig(
+        num_samples=cfg.eval.num_samples,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
+        stop_ids=tokenizer.eos_ids,
+        pad_id=tokenizer.pad_id,
+    )
+    rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {}, mesh)
+    problems = data.heldout[: cfg.eval.max_prompts or None]
+    return evaluate(
+        rollout,
+        params,
+        problems,
+        gen,
+        min(cfg.eval.prompts_per_call, len(problems)),
+        jax.random.PRNGKey(cfg.seed + 1),
+    )
+
+
 def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> dict[str, Any]:
-    out_dir = os.path.join(workdir, "sft_model")
+    out_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
     model = policy_model(cfg, tokenizer, mesh=mesh)
     model = sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir, mesh)
     summary: dict[str, Any] = {"sft_model": out_dir}
     if data.heldout:
-        graphdef, params = nnx.split(model)
-        gen = GenerateConfig(
-            num_samples=cfg.eval.num_samples,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            stop_ids=tokenizer.eos_ids,
-            pad_id=tokenizer.pad_id,
-        )
-        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {}, mesh)
-        problems = data.heldout[: cfg.eval.max_prompts or None]
-        summary["eval"] = evaluate(
-            rollout,
-            params,
-            problems,
-            gen,
-            min(cfg.eval.prompts_per_call, len(problems)),
-            jax.random.PRNGKey(cfg.seed + 1),
-        )
+        summary["eval"] = _heldout_eval(cfg, model, encoder, data, scorer, mesh)
         log.info("SFT held-out: %s", summary["eval"])
     return summary
 
 
-def _finish(cfg, workdir: str, trainer: RLTrainer, evals) -> dict[str, Any]:
+def _finish(cfg, workdir: str, trainer: RLTrainer, evals, teacher_eval=None) -> dict[str, Any]:
     summary: dict[str, Any] = {"algo": cfg.algo, "steps": int(trainer.state.step)}
+    if teacher_eval:
+        summary["teacher"] = teacher_eval
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     from da3po_jax.train.logger import read_metrics
 
@@ -247,4 +303,7 @@ def _print_summary(cfg, summary: dict[str, Any]) -> None:
     for key in sorted(after):
         if key.startswith(f"eval/avg@{k}"):
             lines.append(f"  {key:<24} {before.get(key, float('nan')):.3f} -> {after[key]:.3f}")
+    teacher = summary.get("teacher", {})
+    if f"eval/avg@{k}" in teacher:
+        lines.append(f"  teacher eval/avg@{k}: {teacher[f'eval/avg@{k}']:.3f}")
     print("\n".join(lines))

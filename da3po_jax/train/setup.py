@@ -60,9 +60,18 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
     return Tokenizer.load(path)
 
 
-def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None, mesh=None) -> Transformer:
-    """Loads `path` (or config.model.path) or builds the preset with random weights; with
-    `mesh`, every parameter is created or read straight into its shards (`parallel.RULES`).
+def policy_model(
+    cfg,
+    tokenizer: Tokenizer,
+    path: str | None = None,
+    mesh=None,
+    *,
+    preset: str | None = None,
+    seed: int | None = None,
+) -> Transformer:
+    """Loads `path` (or config.model.path) or builds the preset (config.model.preset unless
+    `preset`) with random weights from `seed` (config.seed unless given); with `mesh`, every
+    parameter is created or read straight into its shards (`parallel.RULES`).
     """
     sharding = param_sharding(mesh) if mesh is not None else None
     overrides = dict(
@@ -71,14 +80,14 @@ def policy_model(cfg, tokenizer: Tokenizer, path: str | None = None, mesh=None) 
         logits_chunk=cfg.model.logits_chunk,
         remat=cfg.model.remat,
     )
-    path = path or cfg.model.path
+    path = path or (None if preset else cfg.model.path)
     if path:
         model = load_model(path, sharding=sharding, **overrides)
     else:
         vocab = -(-tokenizer.vocab_size // 8) * 8  # a random model takes the tokenizer vocab
         model = init_model(
-            get_preset(cfg.model.preset, vocab_size=vocab, **overrides),
-            seed=cfg.seed,
+            get_preset(preset or cfg.model.preset, vocab_size=vocab, **overrides),
+            seed=cfg.seed if seed is None else seed,
             sharding=sharding,
         )
     if model.cfg.vocab_size < tokenizer.vocab_size:

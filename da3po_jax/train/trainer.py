@@ -49,18 +49,23 @@ log = logging.getLogger(__name__)
 
 def fingerprint(cfg) -> dict[str, Any]:
     """The config fields a checkpoint must agree with to be resumed."""
+    teacher = None  # frozen and not checkpointed: a resume must use the same one
+    if cfg.algo in config_lib.DISTILLATION:
+        teacher = cfg.teacher.path or f"preset:{cfg.teacher.preset}:seed{cfg.teacher.seed}"
     return {
         "algo": cfg.algo,
         "model": cfg.model.path or cfg.model.preset,
         "rollout.group_size": cfg.rollout.group_size,
         "rl.train_prompts": cfg.rl.train_prompts,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "teacher": teacher,
     }
 
 
 class RLTrainer:
     """Owns the device state (policy, optimizer, DS surplus, DAA prior/history) and the
-    host state (data position), and runs `cfg.train.steps` RL steps."""
+    host state (data position), and runs `cfg.train.steps` RL steps. OPD / RA-OPD also
+    take the frozen `teacher` (never updated, never checkpointed)."""
 
     def __init__(
         self,
@@ -71,6 +76,7 @@ class RLTrainer:
         data: Datasets,
         scorer: RewardScorer,
         mesh: Mesh | None = None,
+        teacher: nnx.Module | None = None,
     ):
         self.cfg, self.workdir, self.data, self.mesh = cfg, workdir, data, mesh
         self.g = cfg.rollout.group_size
@@ -82,6 +88,9 @@ class RLTrainer:
         self.ref_params = None
         if cfg.loss.kl_coef > 0:  # frozen copy: the policy's buffers are donated each step
             self.ref_params = jax.tree.map(jnp.copy, self.state.params)
+        self.teacher_graphdef, self.teacher_params = None, None
+        if teacher is not None:
+            self.teacher_graphdef, self.teacher_params = nnx.split(teacher)
         stop_ids = encoder.tokenizer.eos_ids
         self.gen = GenerateConfig(
             num_samples=self.g,
@@ -128,7 +137,11 @@ class RLTrainer:
                 filter=cfg.overlong.filter,
             ),
             recompute_logp_old=cfg.rollout.logp_old == "recompute",
+            opd=config_lib.opd_config(cfg),
+            ra_opd=config_lib.ra_opd_config(cfg),
         )
+        if self.step_cfg.opd is not None and teacher is None:
+            raise ValueError(f"algo={cfg.algo!r} needs the teacher model (config.teacher)")
         self.aux = {
             "surplus": empty_buffer(abstract_round(self.rollout, self.round_size), self.round_size),
             "prior": init_prior_state(),
@@ -143,6 +156,7 @@ class RLTrainer:
         self._update = jax.jit(
             rl_update,
             static_argnums=(0, 1, 2),
+            static_argnames=("teacher_graphdef",),
             donate_argnums=(3,),
             out_shardings=(state_shardings, replicated(mesh)) if mesh else None,
         )
@@ -282,6 +296,8 @@ class RLTrainer:
             prior,
             hist,
             self.ref_params,
+            self.teacher_params,
+            teacher_graphdef=self.teacher_graphdef,
         )
         if hist is not None:
             self._update_history()

@@ -15,7 +15,7 @@ from ml_collections import config_flags  # noqa: F401  (config files import ml_c
 import da3po_jax.train.run as run_lib
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
 from da3po_jax.train import train
-from da3po_jax.train.config import resolve_config
+from da3po_jax.train.config import ALGORITHMS, DISTILLATION, resolve_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -253,8 +253,12 @@ def test_every_config_file_parses_and_validates(name):
             resolve_config(config)
         config.model.path = "/models/some-hf-folder"
         config.data.train_path = config.data.train_path or "/data/train.parquet"
+    if config.algo in DISTILLATION and not config.teacher.path:  # nor a teacher folder
+        with pytest.raises(ValueError, match="config.teacher.path is required"):
+            resolve_config(config)
+        config.teacher.path = "/models/some-teacher-folder"
     cfg = resolve_config(config)
-    assert cfg.algo in ("grpo", "dapo", "da3po")
+    assert cfg.algo in ALGORITHMS
     assert cfg.rl.train_prompts % cfg.rl.mini_batch_prompts == 0
 
 
