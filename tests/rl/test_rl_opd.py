@@ -94,3 +94,88 @@ def test_ra_opd_mask_hand_values():
     np.testing.assert_array_equal(keep, [False, False, False, False])
     with pytest.raises(ValueError, match="baseline"):
         RAOPDConfig(baseline="median")
+
+
+def test_ra_opd_mask_boundaries_and_valid():
+    # D exactly at the margin is not aligned (strict inequalities), for both verdicts
+    d = jnp.array([0.0, 0.0, 0.3, -0.3])
+    c = jnp.array([1, 0, 1, 0])
+    keep, _ = ra_opd_mask(d, c)
+    np.testing.assert_array_equal(keep, [False, False, True, True])
+    keep, _ = ra_opd_mask(d, c, config=RAOPDConfig(delta=0.3))
+    np.testing.assert_array_equal(keep, [False, False, False, False])
+    # invalid trajectories are never kept and do not count in the fractions
+    keep, met = ra_opd_mask(d, c, valid=jnp.array([True, True, True, False]))
+    np.testing.assert_array_equal(keep, [False, False, True, False])
+    np.testing.assert_allclose(met["ra_opd/kept_frac"], 1 / 3, rtol=1e-6)
+    np.testing.assert_allclose(met["ra_opd/aligned_frac_correct"], 0.5)
+    np.testing.assert_allclose(met["ra_opd/aligned_frac_incorrect"], 0.0)
+    # nothing valid: empty keep, metrics 0 (not NaN)
+    keep, met = ra_opd_mask(d, c, valid=jnp.zeros(4, bool))
+    assert not keep.any()
+    assert all(float(v) == 0.0 for v in met.values())
+    # group mean over valid members only: group 0 = {2.0, 1.0} (mean 1.5), group 1 = {-1.0}
+    keep, _ = ra_opd_mask(
+        jnp.array([2.0, 1.0, -1.0, 9.0]),
+        jnp.array([1, 1, 0, 1]),
+        config=RAOPDConfig(baseline="group_mean"),
+        group_size=2,
+        valid=jnp.array([True, True, True, False]),
+    )
+    np.testing.assert_array_equal(keep, [True, False, False, False])
+
+
+def test_opd_advantages_degenerate():
+    # teacher = student: all zero; coef 0: all zero; empty mask: zero
+    zeros = opd_advantages(STUDENT, STUDENT, MASK, config=OPDConfig(gamma=0.7))
+    np.testing.assert_array_equal(zeros, np.zeros((1, 3)))
+    np.testing.assert_array_equal(
+        opd_advantages(STUDENT, TEACHER, MASK, config=OPDConfig(coef=0.0)), np.zeros((1, 3))
+    )
+    np.testing.assert_array_equal(
+        opd_advantages(STUDENT, TEACHER, jnp.zeros((1, 3))), np.zeros((1, 3))
+    )
+    np.testing.assert_array_equal(distillation_return(STUDENT, TEACHER, jnp.zeros((1, 3))), [0])
+    # gamma = 1: the undiscounted reward-to-go
+    adv = opd_advantages(STUDENT, TEACHER, MASK, config=OPDConfig(gamma=1.0))
+    # r = -(student - teacher) = [-0.5, 1.0]: A_1 = 1.0, A_0 = -0.5 + 1.0
+    np.testing.assert_allclose(adv, [[0.5, 1.0, 0.0]])
+
+
+def test_per_token_advantages_in_the_loss():
+    """[B, T] advantages that are constant per row give the loss and gradient of the [B]
+    form; and with a shared normaliser, micro-batches sum to the full-batch gradient."""
+    rng = np.random.default_rng(1)
+    lp_old = jnp.asarray(rng.normal(-1.0, 0.3, (4, 5)), jnp.float32)
+    lp_new = lp_old + jnp.asarray(rng.normal(0.0, 0.2, (4, 5)), jnp.float32)
+    m = jnp.asarray(np.arange(5)[None] < np.array([5, 3, 1, 4])[:, None], jnp.float32)
+    a_row = jnp.array([1.0, -0.5, 2.0, -1.5])
+    grad = jax.grad(lambda x, a: da3po_loss(x, lp_old, a, m)[0])
+    np.testing.assert_allclose(
+        grad(lp_new, a_row), grad(lp_new, jnp.broadcast_to(a_row[:, None], (4, 5))), rtol=1e-6
+    )
+    a_tok = jnp.asarray(rng.normal(0.0, 1.0, (4, 5)), jnp.float32)
+    full = jax.grad(lambda x: da3po_loss(x, lp_old, a_tok, m)[0])(lp_new)
+    norm = m.sum()
+    parts = [
+        jax.grad(lambda x, s=s: da3po_loss(x, lp_old[s], a_tok[s], m[s], normalizer=norm)[0])(
+            lp_new[s]
+        )
+        for s in (slice(0, 2), slice(2, 4))
+    ]
+    np.testing.assert_allclose(jnp.concatenate(parts), full, rtol=1e-6, atol=1e-7)
+
+
+def test_exported_from_rl_and_lazily_from_the_top_level():
+    import da3po_jax
+    import da3po_jax.rl as rl
+
+    for name in (
+        "OPDConfig",
+        "RAOPDConfig",
+        "distillation_return",
+        "opd_advantages",
+        "ra_opd_mask",
+    ):
+        assert name in rl.__all__ and name in da3po_jax.__all__
+        assert getattr(da3po_jax, name) is getattr(rl, name)
