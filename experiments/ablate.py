@@ -3,7 +3,8 @@
   python -m experiments.ablate --quick           # 2 seeds, 60 steps
   python -m experiments.ablate --only estimators # or: caps, ds
 
-Groups of variants (each compared with `dapo`, the same run without DAA):
+Groups of variants (each compared with its first entry; runs named like compare's, e.g.
+`dapo` and `da3po` = the default power rule, are shared with `experiments.compare`):
 - estimators: power beta 0.5 / 1 (cap 4), bayes gamma 0.5 / 1, history, and the control
   that amplifies both signs in hard groups;
 - caps: power beta 0.5 with lambda_max 2, 4, 8;
@@ -19,7 +20,7 @@ from experiments.compare import parse, study
 GROUPS = {
     "estimators": {
         "dapo": {"algo": "dapo"},
-        "power_b0.5": {"algo": "da3po", "daa.estimator": "power", "daa.beta": 0.5},
+        "da3po": {"algo": "da3po"},  # the default: power, beta 0.5, cap 4
         "power_b1": {"algo": "da3po", "daa.estimator": "power", "daa.beta": 1.0},
         "bayes_g0.5": {"algo": "da3po", "daa.estimator": "bayes", "daa.gamma": 0.5},
         "bayes_g1": {"algo": "da3po", "daa.estimator": "bayes", "daa.gamma": 1.0},
@@ -29,11 +30,11 @@ GROUPS = {
     "caps": {
         "dapo": {"algo": "dapo"},
         "cap2": {"algo": "da3po", "daa.lambda_max": 2.0},
-        "cap4": {"algo": "da3po", "daa.lambda_max": 4.0},
+        "da3po": {"algo": "da3po"},  # cap 4
         "cap8": {"algo": "da3po", "daa.lambda_max": 8.0},
     },
     "ds": {
-        "da3po_ds": {"algo": "da3po", "ds.enable": True},
+        "da3po": {"algo": "da3po"},  # dynamic sampling on
         "da3po_no_ds": {"algo": "da3po", "ds.enable": False},
     },
 }
