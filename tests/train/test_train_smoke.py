@@ -248,11 +248,14 @@ def test_algorithm_presets_and_explicit_overrides():
 )
 def test_every_config_file_parses_and_validates(name):
     config = load_config(name)
-    if not config.tokenizer.build_tiny:  # real recipes need a model folder
+    if not config.tokenizer.build_tiny and not config.model.path:  # real recipes: a model
         with pytest.raises(ValueError, match="config.model.path is required"):
             resolve_config(config)
         config.model.path = "/models/some-hf-folder"
-        config.data.train_path = config.data.train_path or "/data/train.parquet"
+    if config.data.source != "synthetic" and not config.data.train_path:  # ... and data
+        with pytest.raises(ValueError, match="config.data.train_path is required"):
+            resolve_config(config)
+        config.data.train_path = "/data/train.parquet"
     if config.algo in DISTILLATION and not config.teacher.path:  # nor a teacher folder
         with pytest.raises(ValueError, match="config.teacher.path is required"):
             resolve_config(config)
