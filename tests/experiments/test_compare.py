@@ -81,3 +81,22 @@ def test_compare_micro_study(tmp_path):
             rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             gen = sum(x.get("samples/generated", 0) for x in rows if x["kind"] == "train")
             assert r["samples"][-1] == gen > 0
+
+
+@pytest.mark.slow
+def test_opd_micro_study(tmp_path):
+    from experiments import opd
+
+    out = tmp_path / "out"
+    opd.main(["--micro", "--seeds", "0", "--workdir", str(tmp_path / "runs"), "--out", str(out)])
+    res = json.loads((out / "opd.json").read_text())["result"]
+    assert set(res) == {"opd", "ra_opd", "paired"}
+    assert (out / "opd_curves.png").stat().st_size > 0
+    # RA-OPD logs a kept fraction in [0, 1]; OPD has none
+    kept = res["ra_opd"]["kept_frac"][0]
+    assert 0.0 <= kept <= 1.0
+    assert math.isnan(res["opd"]["kept_frac"][0])
+    # the table's final accuracy is the run's own last eval row
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "opd_s0" / "metrics.jsonl").open()]
+    last = [r for r in rows if r["kind"] == "eval"][-1]
+    assert res["opd"]["final"][0] == pytest.approx(last["eval/avg@2"])
