@@ -135,9 +135,9 @@ def at_step(curve: dict, step: int, key: str) -> float:
     return curve[key][ok[-1]] if ok else math.nan
 
 
-def analyse(curves: dict[str, dict[int, dict]], budgets, steps) -> dict:
-    """Means and CIs per variant at each budget / step, and paired differences vs the
-    first variant."""
+def analyse(curves: dict[str, dict[int, dict]], budgets, steps, pairs=None) -> dict:
+    """Means and CIs per variant at each budget / step, and paired per-seed differences
+    `a - b` for each (a, b) in `pairs` (default: every variant against the first)."""
     names = list(curves)
     out: dict = {"budget": {}, "step": {}, "paired": {}}
     for view, points, fn in (("budget", budgets, at_budget), ("step", steps, at_step)):
@@ -146,23 +146,23 @@ def analyse(curves: dict[str, dict[int, dict]], budgets, steps) -> dict:
                 for key in ("acc", "hard"):
                     vals = [fn(c, point, key) for c in curves[name].values()]
                     out[view].setdefault(str(point), {}).setdefault(name, {})[key] = mean_ci(vals)
-    ref = names[0]
     last = steps[-1]
-    for name in names[1:]:
+    for name, ref in pairs or [(n, names[0]) for n in names[1:]]:
         seeds = sorted(set(curves[name]) & set(curves[ref]))
+        label = name if ref == names[0] else f"{name} - {ref}"
         for key in ("acc", "hard"):
             diff = [
                 at_step(curves[name][s], last, key) - at_step(curves[ref][s], last, key)
                 for s in seeds
             ]
-            out["paired"].setdefault(name, {})[key] = mean_ci(diff)
+            out["paired"].setdefault(label, {})[key] = mean_ci(diff)
         for key in ("acc", "hard"):
             b = budgets[-1]
             diff = [
                 at_budget(curves[name][s], b, key) - at_budget(curves[ref][s], b, key)
                 for s in seeds
             ]
-            out["paired"][name][f"{key}@budget"] = mean_ci(diff)
+            out["paired"][label][f"{key}@budget"] = mean_ci(diff)
     return out
 
 
@@ -186,7 +186,8 @@ def markdown(result: dict, names: Sequence[str], k: int, n_seeds: int) -> str:
         lines.append("")
     if result["paired"]:
         lines += [
-            f"**Paired per-seed differences vs {names[0]}** (same seed, same warm start)",
+            f"**Paired per-seed differences** (vs {names[0]} unless named; same seed, same "
+            "warm start)",
             "",
             "| variant | all @ last step | hard @ last step | all @ budget | hard @ budget |",
             "|---|---|---|---|---|",
@@ -236,6 +237,7 @@ def study(
     out: str,
     prefix: str,
     micro: bool = False,
+    pairs=None,
 ) -> dict:
     """Runs every (variant, seed), then writes `<prefix>.json`, `.md` and `_curves.png`."""
     cfg = base_config(steps, eval_every, micro)
@@ -250,7 +252,7 @@ def study(
     smallest = min(c["samples"][-1] for runs in curves.values() for c in runs.values())
     budgets = [round(smallest * f) for f in (0.25, 0.5, 0.75, 1.0)]
     step_points = sorted({max(eval_every, steps // 2), steps})
-    result = analyse(curves, budgets, step_points)
+    result = analyse(curves, budgets, step_points, pairs)
     names = list(variants)
     os.makedirs(out, exist_ok=True)
     table = markdown(result, names, k, len(seeds))
@@ -305,6 +307,7 @@ def main(argv=None) -> None:
         args.out,
         args.prefix,
         args.micro,
+        pairs=[("dapo", "grpo"), ("da3po", "grpo"), ("da3po", "dapo")],
     )
 
 

@@ -100,3 +100,15 @@ def test_opd_micro_study(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "runs" / "opd_s0" / "metrics.jsonl").open()]
     last = [r for r in rows if r["kind"] == "eval"][-1]
     assert res["opd"]["final"][0] == pytest.approx(last["eval/avg@2"])
+
+
+def test_difficulty_bins_partition_pass_rates():
+    from experiments.difficulty import table
+
+    # float32 rates exactly on the bin edges (1/8, 1/2) fall in one bin each
+    rates = np.asarray([0, 1 / 16, 2 / 16, 3 / 16, 8 / 16, 1.0], np.float32)
+    res, md = table(rates, ["hard", "hard", "hard", "easy", "easy", "easy"])
+    assert res["hard"]["shares"] == pytest.approx([1 / 3, 2 / 3, 0, 0, 0])
+    assert res["easy"]["shares"] == pytest.approx([0, 0, 1 / 3, 1 / 3, 1 / 3])
+    assert res["all"]["n"] == 6 and res["all"]["mean"] == pytest.approx(float(rates.mean()))
+    assert "| hard | 3 |" in md

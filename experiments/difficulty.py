@@ -1,0 +1,120 @@
+"""Per-prompt difficulty of the tiny task at the warm start: the regime check for DAA.
+
+  python -m experiments.difficulty --warm /tmp/da3po_experiments/warm --samples 16
+
+Samples `--samples` responses per held-out prompt from the warm-start policy (the one
+`experiments.compare` builds), at the rollout temperature, and reports by tier the mean
+pass rate and the share of prompts whose estimated pass rate is 0, in (0, 1/8], in
+(1/8, 1/2), in [1/2, 1) and 1, plus a histogram (PNG). Dynamic sampling and DAA matter
+on the prompts with small but nonzero pass rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from experiments.compare import ROOT, base_config
+
+BINS = (("0", 0.0, 0.0), ("(0,1/8]", 1e-9, 0.125), ("(1/8,1/2)", 0.125 + 1e-9, 0.5 - 1e-9),
+        ("[1/2,1)", 0.5, 1 - 1e-9), ("1", 1.0, 1.0))  # fmt: skip
+
+
+def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+    """[num_prompts] pass-rate estimates on the held-out split, and the prompts' tiers."""
+    import jax
+
+    from da3po_jax.models.tokenizer import Tokenizer
+    from da3po_jax.rewards import RewardScorer
+    from da3po_jax.sampling import GenerateConfig, Sampler
+    from da3po_jax.train import config as config_lib
+    from da3po_jax.train.rollout import PromptEncoder, Rollout
+    from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer
+
+    c = base_config(1, 1)
+    c.seed = seed
+    c.tokenizer.build_tiny, c.tokenizer.path = False, os.path.join(warm, "tokenizer")
+    c.model.init_checkpoint = os.path.join(warm, "sft_model")
+    cfg = config_lib.resolve_config(c)
+    tok = Tokenizer.load(cfg.tokenizer.path)
+    model = policy_model(cfg, tok, cfg.model.init_checkpoint)
+    from flax import nnx
+
+    graphdef, params = nnx.split(model)
+    gen = GenerateConfig(
+        num_samples=samples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        stop_ids=tok.eos_ids,
+        pad_id=tok.pad_id,
+    )
+    data = load_datasets(cfg)
+    encoder = PromptEncoder(tok, prompt_renderer(cfg, tok), cfg.rollout.prompt_buckets)
+    scorer = RewardScorer(num_workers=1, timeout_s=cfg.reward.timeout_s)
+    try:
+        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {})
+        problems, chunk, rates = data.heldout, 50, []
+        for start in range(0, len(problems), chunk):
+            part = list(problems[start : start + chunk])
+            part += [part[i % len(part)] for i in range(chunk - len(part))]
+            _, host = rollout.sample_and_score(params, part, jax.random.PRNGKey(start))
+            rates.extend(host.correct.mean(axis=1)[: len(problems) - start])
+    finally:
+        scorer.close()
+    return np.asarray(rates[: len(problems)]), [p.tier or "all" for p in problems]
+
+
+def table(rates: np.ndarray, tiers: list[str]) -> tuple[dict, str]:
+    by = defaultdict(list)
+    for r, t in zip(rates, tiers):
+        by[t].append(r)
+    by["all"] = list(rates)
+    out, lines = {}, []
+    head = "| tier | prompts | mean pass rate | " + " | ".join(b[0] for b in BINS) + " |"
+    lines += [head, "|---" * (3 + len(BINS)) + "|"]
+    for tier in sorted(by, key=lambda t: (t == "all", t)):
+        x = np.asarray(by[tier], np.float64)  # float32 would round the bin edges
+        shares = [float(((x >= lo) & (x <= hi)).mean()) for _, lo, hi in BINS]
+        out[tier] = {"n": int(x.size), "mean": float(x.mean()), "shares": shares}
+        cells = " | ".join(f"{s:.2f}" for s in shares)
+        lines.append(f"| {tier} | {x.size} | {x.mean():.3f} | {cells} |")
+    return out, "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--warm", default="/tmp/da3po_experiments/warm")
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "figures"))
+    args = p.parse_args(argv)
+    rates, tiers = pass_rates(args.warm, args.samples)
+    res, md = table(rates, tiers)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "difficulty.md"), "w") as f:
+        f.write(f"Pass rates of the warm start, {args.samples} samples per held-out prompt.\n\n")
+        f.write(md)
+    with open(os.path.join(args.out, "difficulty.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    edges = np.linspace(0, 1, args.samples + 2) - 0.5 / (args.samples)
+    for tier in sorted(set(tiers)):
+        ax.hist([r for r, t in zip(rates, tiers) if t == tier], bins=edges, alpha=0.5, label=tier)
+    ax.set_xlabel(f"per-prompt pass rate ({args.samples} samples)")
+    ax.set_ylabel("held-out prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "difficulty.png"), dpi=110)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
