@@ -64,3 +64,25 @@ def get_config():
     c.reward.num_workers = 16
     c.mesh.shape = (1, -1, 1)  # FSDP over every device
     return c
+
+
+def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_prompts: int):
+    """The changes shared by the planner-sized recipes (`qwen_math_{7b,1p5b}_*.py`): float32
+    master weights with bf16 compute and remat, prompts up to 1024 and responses up to 3072
+    tokens (the Qwen2.5-Math context is 4096), 128 prompts per step in mini-batches of 32 and
+    micro-batches of one prompt, and the given mesh, rollout round and eval call sizes."""
+    c.model.path = path  # placeholder: a HF folder
+    c.model.preset = preset  # shapes for the planner before the download
+    c.model.param_dtype = "float32"
+    c.model.dtype = "bfloat16"
+    c.model.remat = True
+    c.rollout.prompt_buckets = (256, 512, 1024)
+    c.rollout.max_new_tokens = 3072
+    c.overlong.buffer = 512
+    c.rollout.prompts_per_round = prompts_per_round
+    c.rl.train_prompts = 128
+    c.rl.mini_batch_prompts = 32
+    c.rl.micro_batch_prompts = 1
+    c.eval.prompts_per_call = eval_prompts
+    c.mesh.shape = mesh
+    return c

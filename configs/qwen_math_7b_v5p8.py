@@ -27,19 +27,13 @@ import qwen_math  # noqa: E402
 
 def get_config():
     c = qwen_math.get_config()
-    c.model.path = "/path/to/Qwen2.5-Math-7B"  # placeholder: a HF folder
-    c.model.preset = "qwen2.5-math-7b"  # shapes for the planner before the download
-    c.model.param_dtype = "float32"
-    c.model.dtype = "bfloat16"
-    c.model.remat = True
+    qwen_math.sized(
+        c,
+        "/path/to/Qwen2.5-Math-7B",
+        "qwen2.5-math-7b",
+        mesh=(1, 4, 1),
+        prompts_per_round=32,
+        eval_prompts=16,
+    )
     c.model.logits_chunk = 512
-    c.rollout.prompt_buckets = (256, 512, 1024)
-    c.rollout.max_new_tokens = 3072
-    c.overlong.buffer = 512
-    c.rollout.prompts_per_round = 32
-    c.rl.train_prompts = 128
-    c.rl.mini_batch_prompts = 32
-    c.rl.micro_batch_prompts = 1
-    c.eval.prompts_per_call = 16
-    c.mesh.shape = (1, 4, 1)
     return c
