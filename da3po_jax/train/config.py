@@ -34,24 +34,18 @@ def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
     advantages with a plain symmetric clip (eps_high = eps_low) and the token-level loss;
     no dynamic sampling (the teacher signal does not need mixed groups), no DAA, no
     overlong shaping (placeholders: any of them can still be switched on explicitly)."""
+    grpo = {
+        "ds.enable": False,
+        "daa.enable": False,
+        "overlong.filter": False,
+        "overlong.buffer": 0,
+        "loss.eps_high": 0.2,
+        "loss.agg": "seq-mean-token-mean",
+    }
     if algo in DISTILLATION:
-        return {
-            "ds.enable": False,
-            "daa.enable": False,
-            "overlong.filter": False,
-            "overlong.buffer": 0,
-            "loss.eps_high": 0.2,
-            "loss.agg": "token-mean",
-        }
+        return {**grpo, "loss.agg": "token-mean"}
     if algo == "grpo":
-        return {
-            "ds.enable": False,
-            "daa.enable": False,
-            "overlong.filter": False,
-            "overlong.buffer": 0,
-            "loss.eps_high": 0.2,
-            "loss.agg": "seq-mean-token-mean",
-        }
+        return grpo
     dapo = {
         "ds.enable": True,
         "daa.enable": False,

@@ -148,7 +148,8 @@ class Rollout:
         tokens, mask = self.encoder.pad(problems[rows], self.encoder.bucket(problems))
         tokens, mask = global_batch((tokens, mask), mesh, n)
         out = self.sampler.generate(params, tokens, mask, rng, gen)
-        resp, lengths = local_rows(out.tokens, mesh), local_rows(out.lengths, mesh)
+        all_lengths = to_host(out.lengths)  # small: every host keeps all of them
+        resp, lengths = local_rows(out.tokens, mesh), all_lengths[rows]
         t1 = time.perf_counter()
         refs = [p.answer for p in problems[rows] for _ in range(g)]
         texts = decode_responses(self.encoder.tokenizer, resp, lengths)
@@ -164,7 +165,7 @@ class Rollout:
         host = HostSamples(
             correct=gather_host_rows(correct, mesh, n),
             rewards=gather_host_rows(rewards, mesh, n),
-            lengths=to_host(out.lengths),
+            lengths=all_lengths,
             truncated=to_host(out.truncated),
             stats=stats,
             seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1},

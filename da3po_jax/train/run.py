@@ -21,12 +21,13 @@ from ml_collections import config_dict
 from da3po_jax.models import save_model
 from da3po_jax.parallel import is_main_process, make_mesh, to_host
 from da3po_jax.rewards import RewardScorer
-from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling import Sampler
 from da3po_jax.train import config as config_lib
 from da3po_jax.train.evaluation import evaluate
 from da3po_jax.train.logger import MetricsLogger, plot_curves
 from da3po_jax.train.rollout import PromptEncoder, Rollout
 from da3po_jax.train.setup import (
+    generate_configs,
     load_datasets,
     policy_model,
     prompt_renderer,
@@ -94,15 +95,7 @@ def sft_warm_start(
 
 
 def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, logger, mesh):
-    gen = GenerateConfig(
-        num_samples=4,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        stop_ids=tokenizer.eos_ids,
-        pad_id=tokenizer.pad_id,
-    )
+    gen = generate_configs(cfg, tokenizer)[0].replace(num_samples=4)
     rollout = Rollout(Sampler(graphdef, model_cfg, gen), encoder, scorer, gen, 0, {}, mesh)
     problems = data.train[: cfg.sft.check_prompts]
 
@@ -244,16 +237,8 @@ def _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh) -> dict[st
 def _heldout_eval(cfg, model, encoder, data, scorer, mesh) -> dict[str, float]:
     if not data.heldout:
         return {}
-    tokenizer = encoder.tokenizer
     graphdef, params = nnx.split(model)
-    gen = GenerateConfig(
-        num_samples=cfg.eval.num_samples,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        top_p=cfg.eval.top_p,
-        stop_ids=tokenizer.eos_ids,
-        pad_id=tokenizer.pad_id,
-    )
+    gen = generate_configs(cfg, encoder.tokenizer)[1]
     rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {}, mesh)
     problems = data.heldout[: cfg.eval.max_prompts or None]
     return evaluate(

@@ -20,6 +20,7 @@ from da3po_jax.data import (
 from da3po_jax.models import Transformer, get_preset, init_model, load_model
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.parallel import param_sharding
+from da3po_jax.sampling import GenerateConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,27 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
             "folder unless config.tokenizer.build_tiny is set"
         )
     return Tokenizer.load(path)
+
+
+def generate_configs(cfg, tokenizer: Tokenizer) -> tuple[GenerateConfig, GenerateConfig]:
+    """(rollout, eval) sampling settings of the run: G samples at the rollout temperature,
+    and `eval.num_samples` at the eval temperature / top-p (top-k as in the rollout)."""
+    rollout = GenerateConfig(
+        num_samples=cfg.rollout.group_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_k=cfg.rollout.top_k,
+        top_p=cfg.rollout.top_p,
+        stop_ids=tokenizer.eos_ids,
+        pad_id=tokenizer.pad_id,
+    )
+    evaluation = rollout.replace(
+        num_samples=cfg.eval.num_samples,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    )
+    return rollout, evaluation
 
 
 def policy_model(

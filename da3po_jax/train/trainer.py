@@ -27,7 +27,7 @@ from da3po_jax.rl import (
     update_history,
     update_prior_state,
 )
-from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling import Sampler
 from da3po_jax.sampling.host import pick_bucket
 from da3po_jax.train import config as config_lib
 from da3po_jax.train.checkpoint import Checkpointer, CheckpointError, check_compatible
@@ -41,7 +41,7 @@ from da3po_jax.train.rollout import (
     ds_round_update,
     empty_buffer,
 )
-from da3po_jax.train.setup import Datasets
+from da3po_jax.train.setup import Datasets, generate_configs
 from da3po_jax.train.state import init_train_state, make_optimizer
 
 log = logging.getLogger(__name__)
@@ -91,22 +91,7 @@ class RLTrainer:
         self.teacher_graphdef, self.teacher_params = None, None
         if teacher is not None:
             self.teacher_graphdef, self.teacher_params = nnx.split(teacher)
-        stop_ids = encoder.tokenizer.eos_ids
-        self.gen = GenerateConfig(
-            num_samples=self.g,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k,
-            top_p=cfg.rollout.top_p,
-            stop_ids=stop_ids,
-            pad_id=encoder.tokenizer.pad_id,
-        )
-        self.eval_gen = self.gen.replace(
-            num_samples=cfg.eval.num_samples,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            max_new_tokens=cfg.eval.max_new_tokens or self.gen.max_new_tokens,
-        )
+        self.gen, self.eval_gen = generate_configs(cfg, encoder.tokenizer)
         self.train_prompt_len = pick_bucket(
             max(len(encoder.ids(p)) for p in data.train), cfg.rollout.prompt_buckets
         )
@@ -204,9 +189,11 @@ class RLTrainer:
         return step
 
     # ------------------------------------------------------------------ one step
-    def collect(self, keys: jax.Array) -> tuple[Any, dict[str, float]]:
+    def collect(self, keys: jax.Array) -> tuple[Any, list, dict[str, float]]:
         """Generation rounds until the batch holds `train_prompts` kept groups (or the
-        round cap); surplus kept groups are carried to the next step."""
+        round cap); surplus kept groups are carried to the next step.
+
+        Returns (buffer, every round's (prompt index, correct) arrays, metrics)."""
         cfg, n = self.cfg, self.round_size
         max_rounds = cfg.ds.max_rounds if cfg.ds.enable else 1
         buffer = empty_buffer(self.aux["surplus"].items, self.capacity)
@@ -216,12 +203,12 @@ class RLTrainer:
         acc = np.zeros(max_rounds * n, np.float32)
         acc_valid = np.zeros(max_rounds * n, np.bool_)
         host = _RoundStats()
-        self._generated: list[tuple[jax.Array, jax.Array]] = []  # (prompt index, correct)
+        generated: list[tuple[jax.Array, jax.Array]] = []  # (prompt index, correct)
         rounds = 0
         while int(buffer.count) < self.capacity and rounds < max_rounds:
             problems = self.iterator.next_batch(n)
             res = self.rollout.round(self.state.params, problems, keys[rounds])
-            self._generated.append((res.items.prompt_index, res.items.correct))
+            generated.append((res.items.prompt_index, res.items.correct))
             buffer, surplus, keep, mu = self._ds_update(
                 buffer,
                 res.items,
@@ -250,27 +237,27 @@ class RLTrainer:
             self.aux["prior"], jnp.asarray(acc), jnp.asarray(acc_valid), cfg.daa.prior_ema
         )
         metrics = host.summary(rounds, count, self.capacity, int(surplus.count))
-        return buffer, metrics
+        return buffer, generated, metrics
 
     def _daa_inputs(self, buffer):
         daa = self.step_cfg.daa
         if daa is None or daa.estimator == "power":
-            return None, None, None
+            return None, None
         prior = prior_from_state(self.aux["prior"], self.g)
         if daa.estimator != "history":
-            return prior, None, None
+            return prior, None
         idx = jnp.maximum(buffer.items.prompt_index, 0)
         hist = PromptHistory(
             self.aux["history"]["success"][idx], self.aux["history"]["failure"][idx]
         )
-        return prior, hist, idx
+        return prior, hist
 
-    def _update_history(self) -> None:
+    def _update_history(self, generated) -> None:
         """Adds this step's outcomes to the per-prompt history table: every generated group,
         including those dynamic sampling filtered (all wrong / all right), which carry most
         of the information about a hard prompt (ALGORITHMS.md, `bayes` / `history`)."""
-        idx = jnp.concatenate([i for i, _ in self._generated])
-        correct = jnp.concatenate([c for _, c in self._generated])
+        idx = jnp.concatenate([i for i, _ in generated])
+        correct = jnp.concatenate([c for _, c in generated])
         known = idx >= 0
         safe = jnp.maximum(idx, 0)
         table = self.aux["history"]
@@ -283,9 +270,9 @@ class RLTrainer:
         t0 = time.perf_counter()
         keys = jax.random.split(self.state.rng, 1 + max(self.cfg.ds.max_rounds, 1))
         self.state = self.state.replace(rng=keys[0])
-        buffer, metrics = self.collect(keys[1:])
+        buffer, generated, metrics = self.collect(keys[1:])
         t1 = time.perf_counter()
-        prior, hist, idx = self._daa_inputs(buffer)
+        prior, hist = self._daa_inputs(buffer)
         self.state, dev = self._update(
             self.graphdef,
             self.tx,
@@ -300,7 +287,7 @@ class RLTrainer:
             teacher_graphdef=self.teacher_graphdef,
         )
         if hist is not None:
-            self._update_history()
+            self._update_history(generated)
         metrics.update({k: float(v) for k, v in jax.device_get(dev).items()})
         t2 = time.perf_counter()
         metrics["optim/lr"] = float(self.schedule(int(self.state.step) - 1))
