@@ -13,7 +13,8 @@ import qwen_math  # noqa: E402
 
 def get_config():
     c = qwen_math.get_config()
-    c.model.path = ""  # required: a HF folder of Qwen3-8B-Base (or Qwen3-1.7B/4B)
+    c.model.path = "/path/to/Qwen3-8B-Base"  # placeholder: a HF folder (or Qwen3-1.7B/4B)
+    c.model.preset = "qwen3-8b"  # shapes for the planner before the download
     c.rollout.max_new_tokens = 8192
     c.overlong.buffer = 2048
     c.rollout.prompt_buckets = (256, 512, 1024)

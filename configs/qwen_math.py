@@ -23,8 +23,8 @@ import base  # noqa: E402
 def get_config():
     c = base.get_config()
     c.algo = "da3po"
-    c.model.path = ""  # required: a HF folder of Qwen2.5-Math-7B
-    c.model.preset = ""
+    c.model.path = "/path/to/Qwen2.5-Math-7B"  # placeholder: set to a HF folder
+    c.model.preset = "qwen2.5-math-7b"  # shapes for the planner before the download
     c.model.param_dtype = "float32"  # master weights and AdamW state in f32
     c.model.dtype = "bfloat16"  # bf16 matmuls
     c.model.remat = True

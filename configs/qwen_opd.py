@@ -23,7 +23,8 @@ import qwen3_math  # noqa: E402
 def get_config():
     c = qwen3_math.get_config()
     c.algo = "opd"
-    c.model.path = ""  # required: a HF folder of Qwen3-1.7B (the student)
+    c.model.path = "/path/to/Qwen3-1.7B"  # placeholder: a HF folder of the student
+    c.model.preset = "qwen3-1.7b"  # shapes for the planner before the download
     c.teacher.path = ""  # required: a HF folder of Qwen3-8B (the teacher)
     c.teacher.eval = True
     c.opd.coef = 1.0

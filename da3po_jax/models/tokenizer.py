@@ -13,10 +13,22 @@ template from a text corpus, deterministically and without downloads (tests, tin
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+
+def _drop_no_torch_notice(record: logging.LogRecord) -> bool:
+    """`transformers` logs "PyTorch was not found. Models won't be available..." when it is
+    imported without torch; this package uses it only for tokenizers, so that one message
+    is dropped (installed before any `transformers` import, which happens lazily below)."""
+    return not str(record.msg).startswith("PyTorch was not found")
+
+
+if _drop_no_torch_notice not in logging.getLogger("transformers").filters:
+    logging.getLogger("transformers").addFilter(_drop_no_torch_notice)
 
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>")

@@ -258,7 +258,11 @@ class Transformer(nnx.Module):
             q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
             k_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
-        call = nnx.remat(DecoderLayer.__call__) if cfg.remat else DecoderLayer.__call__
+        # Remat only matters under a backward pass. With a KV cache (the sampler's prefill and
+        # decode, never differentiated) `nnx.remat` would also write the layer's state back
+        # from inside the decode loop, a different trace level (TraceContextError).
+        remat = cfg.remat and cache is None
+        call = nnx.remat(DecoderLayer.__call__) if remat else DecoderLayer.__call__
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])

@@ -100,3 +100,34 @@ def test_export_refuses_to_overwrite(tmp_path):
     save_model(model, str(out), overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".export-")]
+
+
+def test_remat_changes_neither_samples_nor_gradients():
+    """`model.remat` (every real recipe sets it) only trades compute for memory in the
+    backward pass; the sampler's jitted decode loop once failed under it with a flax
+    TraceContextError (nnx.remat writing layer state back across trace levels)."""
+    import jax
+    from flax import nnx
+
+    from da3po_jax.sampling import GenerateConfig, generate
+
+    tokens, mask = (jnp.asarray(a) for a in left_padded_batch(512, lengths=(7, 4), seed=2))
+    config = GenerateConfig(num_samples=2, max_new_tokens=5, temperature=1.0)
+    results = []
+    for remat in (False, True):
+        graphdef, state = nnx.split(init_model(get_preset("tiny-qwen2", remat=remat), seed=5))
+        out = generate(graphdef, state, tokens, mask, jax.random.key(0), config)
+
+        def loss(state, graphdef=graphdef):
+            model = nnx.merge(graphdef, state)
+            targets = jnp.roll(tokens, -1, axis=1)
+            logp, _ = model.token_logprobs(tokens, positions_from_mask(mask), mask, targets)
+            return -(logp * mask).sum()
+
+        grads = jax.jit(jax.grad(loss))(state)
+        results.append((np.asarray(out.tokens), np.asarray(out.logp), jax.tree.leaves(grads)))
+    (tok0, logp0, grads0), (tok1, logp1, grads1) = results
+    np.testing.assert_array_equal(tok0, tok1)
+    np.testing.assert_allclose(logp0, logp1, atol=1e-5)
+    for g0, g1 in zip(grads0, grads1, strict=True):
+        np.testing.assert_allclose(np.asarray(g0), np.asarray(g1), atol=1e-5)
