@@ -1,4 +1,4 @@
-"""Exact amplification analysis of ALGORITHMS.md ("DA3PO = DAPO + DAA", section "Why").
+"""Exact amplification analysis of docs/algorithms.md ("DA3PO = DAPO + DAA", section "Why").
 
 For a prompt with true success rate p and a group of G responses, the number of correct
 responses is k ~ Binomial(G, p). Dynamic sampling (by accuracy) keeps the group iff

@@ -1,4 +1,4 @@
-"""Group statistics and GRPO / Dr.GRPO outcome advantages (ALGORITHMS.md, "GRPO advantages").
+"""Group statistics and GRPO / Dr.GRPO outcome advantages (docs/algorithms.md, "GRPO advantages").
 
 Per-response arrays are either flat `[P * G]`, group-major (response i of group g sits at
 index `g * G + i`), or already grouped `[P, G]`; every function returns the layout it was

@@ -1,4 +1,4 @@
-"""Direct Advantage Amplification (DAA), the "DA3PO" part of ALGORITHMS.md.
+"""Direct Advantage Amplification (DAA), the "DA3PO" part of docs/algorithms.md.
 
 For a kept group g with accuracy mu_g < tau (a *hard* group), the advantages of its correct
 responses are multiplied by lambda_g >= 1:
@@ -16,15 +16,15 @@ gives the rare correct response that weight back. Estimators of lambda_g (`DAACo
 - `history`: as `bayes`, with the prompt's decayed success / failure counts s, f from
              earlier epochs added: Beta(a + k + s, b + n - k + f).
 
-`apply_to="both"` is the control of ALGORITHMS.md: every response of a hard group (both
+`apply_to="both"` is the control of docs/algorithms.md: every response of a hard group (both
 signs) is multiplied by the same lambda_g, separating "amplify correct responses" from
 "weight hard prompts more".
 
-Departures / choices not fixed by ALGORITHMS.md: a group counts as hard only if it also has
+Departures / choices not fixed by docs/algorithms.md: a group counts as hard only if it also has
 at least one correct response (0 < mu_g < tau): with mu_g = 0 there is nothing to amplify
 and lambda is undefined (`power`) or 1 (`bayes`). n (the group's number of valid
 responses) replaces G so masked responses are handled. Defaults `gamma = 0.5` and
-`history_decay = 0.5` are this module's choice (ALGORITHMS.md gives none).
+`history_decay = 0.5` are this module's choice (docs/algorithms.md gives none).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""On-policy distillation (OPD) advantages and the RA-OPD alignment mask (ALGORITHMS.md).
+"""On-policy distillation (OPD) advantages and the RA-OPD alignment mask (docs/algorithms.md).
 
 Student = the policy being trained, teacher = a frozen model with the same tokenizer. Per
 sampled token, k_t = logp_student_old(y_t) - logp_teacher(y_t) (a reverse-KL estimate) and

@@ -1,11 +1,12 @@
 """Atomic, resumable checkpoints with orbax.
 
-A checkpoint holds one device pytree (train state, dynamic-sampling buffer and surplus, DAA
-prior state) and one JSON document of host state (data iterator position, DAA history
-table, counters, the config it was written with). Orbax writes into a temporary folder and
-renames it when complete, so a crash never leaves a half-written step; every host takes
-part in the save. A checkpoint that cannot be read into the current run's shapes is an
-error that says so, and nothing in the workdir is touched.
+A checkpoint holds one device pytree (train state, the dynamic-sampling surplus carried to
+the next step, the DAA prior state and per-prompt history table) and one JSON document of
+host state (data iterator position, the config fingerprint it was written with). Orbax
+writes into a temporary folder and renames it when complete, so a crash never leaves a
+half-written step; every host takes part in the save. A checkpoint that cannot be read
+into the current run's shapes is an error that says so, and nothing in the workdir is
+touched.
 """
 
 from __future__ import annotations

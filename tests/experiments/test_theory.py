@@ -173,7 +173,8 @@ def test_bayes_tier_is_one_above_tau_and_capped_at_sqrt_cap():
 
 
 def test_worked_example_14x():
-    """ALGORITHMS.md: G = 8, p = 0.01, k = 1 -> incorrect amplified odds(1/8)/odds(p) ~ 14x more.
+    """docs/algorithms.md: G = 8, p = 0.01, k = 1 -> incorrect amplified odds(1/8)/odds(p)
+    ~ 14x more.
     At small p (k = 1 dominates) the per-response ratio of ideal to GRPO tends to that factor."""
     p = 0.001
     rows = _rows(8, [p])

@@ -31,7 +31,7 @@ def _odds(x):
 
 
 def test_worked_example_g8_p001_k1():
-    """ALGORITHMS.md: G = 8, p = 0.01, k = 1 -> incorrect amplified ~14x more than correct."""
+    """docs/algorithms.md: G = 8, p = 0.01, k = 1 -> incorrect amplified ~14x more than correct."""
     c = jnp.array([1.0, 0, 0, 0, 0, 0, 0, 0])
     adv = grpo_advantages(c, 8, norm="none")  # centred: 0.875 / -0.125
     np.testing.assert_allclose(adv, [0.875] + [-0.125] * 7, rtol=1e-6)
