@@ -11,8 +11,8 @@ rounds of 32 prompts x 16 and eval calls of 16 prompts x 32 samples (KV cache); 
 groups per step in mini-batches of 32, one prompt (16 responses) per micro-batch.
 
 Planner (python -m da3po_jax.plan, GiB): params 5.75, optimizer 11.50, grads 11.50, batch
-0.09, kv_cache 55.99, rollout_work 3.14, activations 81.57; rollout phase 59.13, train
-phase 93.07; peak 110.41 GiB = 78.3% of 141 GiB -> fits (usable 90%; on GPUs set
+0.10, kv_cache 55.99, rollout_work 3.14, activations 81.57; rollout phase 59.13, train
+phase 93.07; peak 110.42 GiB = 78.3% of 141 GiB -> fits (usable 90%; on GPUs set
 XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
 """
 

@@ -13,7 +13,7 @@ one prompt (16 responses, 2 per chip) per micro-batch, logits in chunks of 512.
 
 Planner (python -m da3po_jax.plan, GiB per chip): params 0.72, optimizer 1.44, grads
 1.44, batch 0.01, gathered 0.87, kv_cache 7.00, rollout_work 0.39, activations 8.46;
-rollout phase 7.39, train phase 9.90; peak 12.93 GiB = 80.8% of 16 GiB -> fits (usable
+rollout phase 7.39, train phase 9.90; peak 12.94 GiB = 80.8% of 16 GiB -> fits (usable
 90%; the tightest of the recipes: longer responses need a smaller micro-batch than one
 prompt, which the trainer does not offer).
 """

@@ -39,15 +39,22 @@ What is counted (per device, bytes):
   probs, their product) and the final hidden states in f32.
 * gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
   time in the compute dtype; 2x for prefetching.
-* batch (estimate): the step's `GroupBatch` plus the dynamic-sampling surplus buffer:
-  (train_prompts + round) x G rows x (prompt_len + max_new_tokens) x 9 bytes (int32
-  tokens, bool masks, f32 log-probs), split over data x fsdp when divisible.
+* batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
+  of one round, as the trainer builds them (`rollout.abstract_round`: prompt tokens and
+  mask, response tokens, mask and both log-probs, the per-response scalars), slots split
+  over data x fsdp when divisible; exact but for the prompt length (the trainer pads to the
+  longest training prompt's bucket, at most this one).
 
 peak = params + optimizer + reference + teacher + batch + gathered
        + max(rollout phase = kv_cache + rollout_work, train phase = grads + activations):
-the cache is freed before the update runs. `fits` is peak <= usable x device memory
-(default usable = 0.9; on GPUs JAX preallocates 75% unless XLA_PYTHON_CLIENT_MEM_FRACTION
-is raised, e.g. to .95). Device memory per chip (GiB, nominal): see `DEVICE_GIB`.
+one KV cache is alive at a time and none during the update (`Sampler` keeps one, freeing
+it when the shapes change; the trainer clears it after the generation rounds and
+`evaluate` at its end). Not counted (small): the per-prompt history table (8 bytes per
+training prompt) and, while a round generates, the previous round's groups and the new
+surplus beside the old one (about two rounds' share of `batch`). `fits` is peak <= usable
+x device memory (default usable = 0.9; on GPUs JAX preallocates 75% unless
+XLA_PYTHON_CLIENT_MEM_FRACTION is raised, e.g. to .95). Device memory per chip (GiB,
+nominal): see `DEVICE_GIB`.
 """
 
 from __future__ import annotations
@@ -215,6 +222,25 @@ def _div(n: int, by: int) -> int:
     return n // by if by > 1 and n % by == 0 else n
 
 
+def group_buffer_nbytes(
+    group_size: int, prompt_len: int, max_new_tokens: int, capacity: int, batch_devs: int = 1
+) -> int:
+    """Per-device bytes of a `DSBuffer` of `capacity` groups as the trainer builds it
+    (`train.rollout.abstract_round` + `empty_buffer`: every `GroupBatch` field, the valid
+    mask and the count), its slots split over `batch_devs` devices when they divide."""
+    from da3po_jax.sampling import GenerateConfig
+    from da3po_jax.train.rollout import Rollout, abstract_round, empty_buffer
+
+    gen = GenerateConfig(num_samples=group_size, max_new_tokens=max_new_tokens)
+    like = Rollout(None, None, None, gen, prompt_len, {})  # only its shapes are read
+    shapes = jax.eval_shape(lambda: empty_buffer(abstract_round(like, capacity), capacity))
+    total = 0
+    for x in jax.tree.leaves(shapes):
+        nbytes = math.prod(x.shape) * x.dtype.itemsize
+        total += nbytes // capacity * _div(capacity, batch_devs) if x.ndim else nbytes
+    return total
+
+
 def plan_memory(
     cfg: Any,
     mesh_shape: tuple[int, ...] | None = None,
@@ -325,8 +351,9 @@ def plan_memory(
     logits_block = b * min(mc.logits_chunk, seq) * V * 4 * 3
     activations = int(saved + logits_block + 2 * b * seq * h * 4)
 
-    # --- batch buffers and FSDP all-gathers
-    batch = _div(int(cfg.rl.train_prompts) + round_prompts, batch_devs) * g * seq * 9
+    # --- batch buffers (the step's batch and the dynamic-sampling surplus) and all-gathers
+    batch = group_buffer_nbytes(g, tp, tn, int(cfg.rl.train_prompts), batch_devs)
+    batch += group_buffer_nbytes(g, tp, tn, round_prompts, batch_devs)
     layer_params = (mc.num_params() - V * h * (1 if mc.tie_word_embeddings else 2)) // L
     gathered = 2 * max(layer_params, V * h) * cbytes if f > 1 else 0
 

@@ -302,22 +302,44 @@ def generate(
     return out
 
 
+def _delete(cache: KVCache) -> None:
+    """Frees a cache's device buffers now (whoever else still holds a reference)."""
+    for x in jax.tree.leaves(cache):
+        if isinstance(x, jax.Array) and not x.is_deleted():
+            x.delete()
+
+
 class Sampler:
-    """Keeps one donated KV cache per (P, Tp, G, N) shape and calls the jitted generate.
+    """Keeps the donated KV cache of the latest (P, Tp, G, N) shapes and calls the jitted
+    generate.
 
     Steady state (same bucket): no allocation of the cache and no recompilation; the
-    cache goes in donated and comes back as an output, ready for the next call.
+    cache goes in donated and comes back as an output, ready for the next call. At most
+    `max_caches` caches are held (default 1, what `da3po_jax.plan` counts): a call with new
+    shapes first frees the least recently used one, and `clear` frees them all; the owner
+    calls it when generation is over (the trainer before each update, `evaluate` at its
+    end), so no cache is alive outside generation.
 
     Attributes:
       graphdef: the model's static graph (`nnx.split(model)[0]`).
       cfg: the model config.
       config: default `GenerateConfig` (a call may pass another).
+      max_caches: caches kept between calls (>= 1).
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, config: GenerateConfig):
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        cfg: ModelConfig,
+        config: GenerateConfig,
+        max_caches: int = 1,
+    ):
+        if max_caches < 1:
+            raise ValueError(f"max_caches={max_caches} must be >= 1")
         self.graphdef = graphdef
         self.cfg = cfg
         self.config = config
+        self.max_caches = max_caches
         self._caches: dict[tuple[int, ...], KVCache] = {}
 
     def generate(
@@ -335,12 +357,21 @@ class Sampler:
         key = (p, tp, config.num_samples, config.max_new_tokens)
         cache = self._caches.pop(key, None)
         if cache is None:
+            while len(self._caches) >= self.max_caches:  # free before allocating anew
+                _delete(self._caches.pop(next(iter(self._caches))))
             cache = new_cache(self.cfg, prompt_tokens, config)
         out, self._caches[key] = generate_with_cache(
             self.graphdef, state, cache, prompt_tokens, prompt_mask, rng, config=config
         )
         return out
 
+    @property
+    def cache_nbytes(self) -> int:
+        """Bytes of the KV caches held now (global arrays: all shards)."""
+        return sum(x.nbytes for c in self._caches.values() for x in jax.tree.leaves(c))
+
     def clear(self) -> None:
-        """Frees the cached KV buffers (e.g. before a memory-hungry train step)."""
-        self._caches.clear()
+        """Frees the held KV caches now (their device buffers are deleted, not just
+        dropped), e.g. before a memory-hungry train step; the next call allocates anew."""
+        while self._caches:
+            _delete(self._caches.popitem()[1])

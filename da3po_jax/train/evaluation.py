@@ -1,7 +1,9 @@
 """Held-out evaluation: avg@k (mean accuracy over k samples) and pass@k, by tier.
 
 Prompts go through the sampler in fixed-size calls (the last call is padded by repeating
-prompts, whose results are dropped) so evaluation compiles once per bucket.
+prompts, whose results are dropped) so evaluation compiles once per bucket. The calls
+reuse one donated KV cache, freed when evaluation ends (`Sampler.clear`): the sampler may
+be the trainer's, and no cache may stay alive through the next update.
 """
 
 from __future__ import annotations
@@ -41,14 +43,18 @@ def evaluate(
     k = gen.num_samples
     per_prompt: list[np.ndarray] = []
     lengths, truncated = [], []
-    for start in range(0, len(problems), prompts_per_call):
-        chunk = list(problems[start : start + prompts_per_call])
-        real = len(chunk)
-        chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
-        _, host = rollout.sample_and_score(params, chunk, jax.random.fold_in(rng, start), gen)
-        per_prompt.extend(host.correct[:real])
-        lengths.append(host.lengths[:real])
-        truncated.append(host.truncated[:real])
+    try:
+        for start in range(0, len(problems), prompts_per_call):
+            chunk = list(problems[start : start + prompts_per_call])
+            real = len(chunk)
+            chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
+            rng_chunk = jax.random.fold_in(rng, start)
+            _, host = rollout.sample_and_score(params, chunk, rng_chunk, gen)
+            per_prompt.extend(host.correct[:real])
+            lengths.append(host.lengths[:real])
+            truncated.append(host.truncated[:real])
+    finally:  # the eval cache is not kept alive past evaluation (what the planner counts)
+        rollout.sampler.clear()
     acc = np.stack(per_prompt) if per_prompt else np.zeros((0, k))
     tiers = defaultdict(list)
     for p, row in zip(problems, acc):

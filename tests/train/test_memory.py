@@ -1,0 +1,177 @@
+"""Device memory against the planner (`da3po_jax.plan`): no KV cache outlives generation.
+
+The sampler keeps at most one donated cache and frees it for good (`delete`) when the
+shapes change or on `Sampler.clear`; the trainer clears it before every update and
+`evaluate` at its end. Live bytes are read off `jax.live_arrays()` (device 0's shards),
+counting only the arrays a test created: arrays other tests left alive are held aside.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import jax
+import pytest
+from conftest import left_padded_batch
+from flax import nnx
+from test_train_smoke import HashScorer, micro_config
+
+from da3po_jax.models import get_preset, init_model
+from da3po_jax.parallel import make_mesh
+from da3po_jax.plan import plan_memory
+from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.train import config as config_lib
+from da3po_jax.train.rl_step import GroupBatch
+from da3po_jax.train.rollout import PromptEncoder
+from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer, tokenizer_for
+from da3po_jax.train.trainer import RLTrainer
+
+
+class LiveBytes:
+    """Device-0 bytes of the arrays alive now (after gc) that did not exist at creation.
+
+    The arrays alive at creation are referenced here, so they stay alive and no new array
+    can take one of their ids."""
+
+    def __init__(self):
+        gc.collect()
+        self.device = jax.devices()[0]
+        self._before = jax.live_arrays()
+        self._ids = {id(x) for x in self._before}
+
+    def arrays(self) -> list[jax.Array]:
+        gc.collect()
+        return [x for x in jax.live_arrays() if id(x) not in self._ids]
+
+    def __call__(self) -> int:
+        return sum(
+            s.data.nbytes
+            for x in self.arrays()
+            for s in x.addressable_shards
+            if s.device == self.device
+        )
+
+
+def _nbytes(tree) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_sampler_keeps_one_cache_and_clear_deletes_it():
+    model = init_model(get_preset("tiny-qwen2"), seed=0)
+    graphdef, state = nnx.split(model)
+    sampler = Sampler(graphdef, model.cfg, GenerateConfig(num_samples=2, max_new_tokens=5))
+    short = left_padded_batch(model.cfg.vocab_size, (8, 3, 5), seed=0)  # [3, 8]
+    again = left_padded_batch(model.cfg.vocab_size, (2, 8, 6), seed=1)  # same bucket
+    long = left_padded_batch(model.cfg.vocab_size, (12, 4, 9), seed=2)  # [3, 12]
+    live = LiveBytes()
+
+    sampler.generate(state, *short, seed=0)
+    (first,) = sampler._caches.values()
+    first_bytes, first_k = _nbytes(first), first.k[0]
+    del first  # (jit does not donate its unused `index`: holding it keeps 4 bytes alive)
+    assert sampler.cache_nbytes == first_bytes > 0
+    assert live() == first_bytes, "something besides the cache outlived the call"
+
+    sampler.generate(state, *again, seed=1)  # rounds of one bucket still reuse the cache
+    (reused,) = sampler._caches.values()
+    assert first_k.is_deleted(), "the cache was not donated"
+    assert live() == _nbytes(reused) == first_bytes
+
+    sampler.generate(state, *long, seed=2)  # new shapes: the old cache is freed first
+    (second,) = sampler._caches.values()
+    assert all(x.is_deleted() for x in jax.tree.leaves(reused)), "old bucket's cache alive"
+    assert _nbytes(second) > first_bytes
+    assert live() == sampler.cache_nbytes == _nbytes(second)
+
+    sampler.clear()
+    assert all(x.is_deleted() for x in jax.tree.leaves(second)), "clear left buffers alive"
+    assert sampler.cache_nbytes == 0 and not sampler._caches
+    assert live() == 0
+
+    with pytest.raises(ValueError, match="max_caches=0"):
+        Sampler(graphdef, model.cfg, sampler.config, max_caches=0)
+
+
+@pytest.mark.slow
+def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
+    """Rollout + update + eval on the micro config: while generating, one cache is held
+    and it is the planner's `kv_cache`; when the update starts, and after evaluation,
+    the live bytes are the planner's resident part (params, optimizer, reference, batch
+    and surplus buffers; all exact) and no array has a KV cache's shape."""
+    c = micro_config(
+        "da3po", **{"loss.kl_coef": 0.05, "train.eval_every": 0, "train.checkpoint_every": 0}
+    )
+    c.mesh.shape = (1, 1, 1)
+    cfg = config_lib.resolve_config(c)
+    workdir = str(tmp_path / "run")
+    os.makedirs(workdir)
+    live = LiveBytes()
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    tokenizer = tokenizer_for(cfg, workdir)
+    data = load_datasets(cfg)
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
+    model = policy_model(cfg, tokenizer, mesh=mesh)
+    trainer = RLTrainer(cfg, workdir, model, encoder, data, HashScorer(), mesh)
+    del model  # its buffers are the policy's (the first update donates them)
+
+    c.tokenizer.vocab_size = tokenizer.vocab_size  # the model's real vocabulary
+    plan = plan_memory(c, num_devices=1, prompt_len=trainer.train_prompt_len)
+    resident = plan.params + plan.optimizer + plan.reference + plan.teacher + plan.batch
+    assert plan.reference == plan.params > 0 and plan.gathered == 0
+    assert plan.params == _nbytes(trainer.state.params)
+    assert plan.optimizer == _nbytes(trainer.state.opt_state)
+
+    sampler = trainer.rollout.sampler
+    cache_shapes: set[tuple[int, ...]] = set()
+    held: list[tuple[int, int]] = []  # (caches held, their bytes) after each generate call
+    generate = sampler.generate
+
+    def recording_generate(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        for cache in sampler._caches.values():
+            cache_shapes.update(x.shape for x in cache.k + cache.v)
+        held.append((len(sampler._caches), sampler.cache_nbytes))
+        return out
+
+    sampler.generate = recording_generate
+    at_update: dict[str, object] = {}
+    update = trainer._update
+
+    def measuring_update(*args, **kwargs):
+        at_update["bytes"] = live()
+        at_update["shapes"] = {x.shape for x in live.arrays()}
+        at_update["held"] = sampler.cache_nbytes
+        at_update["batch"] = sum(_nbytes(a) for a in args if isinstance(a, GroupBatch))
+        return update(*args, **kwargs)
+
+    trainer._update = measuring_update
+
+    def no_cache_alive() -> bool:
+        return not cache_shapes & {x.shape for x in live.arrays()}
+
+    try:
+        trainer.evaluate()  # as `run` does at step 0
+        assert no_cache_alive() and sampler.cache_nbytes == 0
+        trainer.step()
+        assert at_update, "the update did not run"
+        assert at_update["held"] == 0 and not cache_shapes & at_update["shapes"]
+        assert at_update["bytes"] == pytest.approx(resident, rel=0.1)
+        # the batch term: the step's groups and the surplus carried to the next step
+        surplus = _nbytes(trainer.aux["surplus"])
+        assert plan.batch == pytest.approx(at_update["batch"] + surplus, rel=0.01)
+        trainer.evaluate()
+        assert no_cache_alive() and sampler.cache_nbytes == 0
+        assert live() == pytest.approx(resident, rel=0.1)
+    finally:
+        trainer.close()
+    # every eval and rollout call held exactly one cache, no larger than the planner's
+    assert len(held) >= 3 and all(n == 1 for n, _ in held)
+    assert max(b for _, b in held) == pytest.approx(plan.kv_cache, rel=0.01)
+    # rollout (16 rows) and eval (8 prompts x 2) caches have the same bytes here
+    assert plan.info["rollout_rows"] == plan.info["eval_rows"] == 16
+    print(
+        f"live at update {at_update['bytes']} B, planner resident {resident} B "
+        f"(params {plan.params}, optimizer {plan.optimizer}, reference {plan.reference}, "
+        f"batch {plan.batch}), kv_cache {plan.kv_cache} B"
+    )
