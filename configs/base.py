@@ -3,7 +3,7 @@
 Recipes import `get_config()` from here and change a few fields. Fields left as
 placeholders (None) are filled from the algorithm preset (`config.algo`) at start-up, so
 `--config.algo=dapo` on the command line switches every dependent default, while an
-explicit `--config.loss.eps_high=0.3` still wins. See ALGORITHMS.md for the meaning of
+explicit `--config.loss.eps_high=0.3` still wins. See docs/algorithms.md for the meaning of
 each RL field.
 """
 
@@ -56,6 +56,10 @@ def get_config() -> config_dict.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.logp_old = "sampler"  # sampler | recompute
+    # Truncated importance sampling: when temperature / top-k / top-p make the sampling
+    # distribution mu differ from the temperature-1 policy, each token's loss is weighted by
+    # min(pi_old / mu, tis_cap); 0 = off. Not applied when the two coincide.
+    c.rollout.tis_cap = 2.0
 
     c.rl = config_dict.ConfigDict()
     c.rl.train_prompts = 16  # groups per optimizer step batch
@@ -99,7 +103,7 @@ def get_config() -> config_dict.ConfigDict:
     c.loss.kl_estimator = "k3"
 
     # On-policy distillation (algo = opd | ra_opd): a frozen teacher with the student's
-    # tokenizer scores the student's samples; see ALGORITHMS.md "OPD" / "RA-OPD".
+    # tokenizer scores the student's samples; see docs/algorithms.md "OPD" / "RA-OPD".
     c.teacher = config_dict.ConfigDict()
     c.teacher.path = ""  # HF folder of the teacher (config.json + safetensors [+ tokenizer])
     c.teacher.preset = ""  # random-init teacher of this preset when path is "" (tests)

@@ -34,7 +34,7 @@ from da3po_jax.rl.dynamic_sampling import (
     select_kept,
 )
 from da3po_jax.rl.groups import GroupStats, group_accuracy, group_stats
-from da3po_jax.rl.loss import AGG_MODES, LossConfig, da3po_loss, loss_normalizer
+from da3po_jax.rl.loss import AGG_MODES, LossConfig, da3po_loss, loss_normalizer, tis_weights
 from da3po_jax.rl.opd import (
     OPDConfig,
     RAOPDConfig,
@@ -91,6 +91,7 @@ __all__ = [
     "LossConfig",
     "da3po_loss",
     "loss_normalizer",
+    "tis_weights",
     # on-policy distillation
     "OPDConfig",
     "RAOPDConfig",

@@ -1,4 +1,4 @@
-"""Decoupled-clip policy-gradient loss of DAPO / DA3PO (ALGORITHMS.md, "Policy loss").
+"""Decoupled-clip policy-gradient loss of DAPO / DA3PO (docs/algorithms.md, "Policy loss").
 
 Token arrays are `[B, T]` (B responses, T padded response length) with a response mask m.
 """
@@ -31,8 +31,12 @@ class LossConfig:
       agg: one of `AGG_MODES`.
       kl_coef: coefficient of the per-token KL to the reference (0: off).
       kl_estimator: `"k1"` or `"k3"`.
-      log_ratio_clamp: |logp_new - logp_old| clamp before exp.
+      log_ratio_clamp: clamp of the log-ratios before exp (policy ratio and k3's
+        logp_ref - logp).
       kl_clamp: clamp of the k3 estimate.
+      tis_cap: truncated importance sampling cap C > 0: with `logp_behavior` (log mu of the
+        sampling distribution) each token's policy loss is multiplied by
+        stop_grad(min(pi_old / mu, C)); 0 turns it off.
     """
 
     eps_low: float = 0.2
@@ -44,6 +48,7 @@ class LossConfig:
     kl_estimator: str = "k3"
     log_ratio_clamp: float = 20.0
     kl_clamp: float = 10.0
+    tis_cap: float = 0.0
 
     def __post_init__(self):
         _check_choice("agg", self.agg, AGG_MODES)
@@ -57,6 +62,8 @@ class LossConfig:
             raise ValueError(f"LossConfig.clip_ratio_c must be > 1, got {self.clip_ratio_c!r}")
         if not self.kl_coef >= 0.0:
             raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
+        if not self.tis_cap >= 0.0:
+            raise ValueError(f"LossConfig.tis_cap must be >= 0 (0: off), got {self.tis_cap!r}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -108,10 +115,16 @@ def _log_ratio(logp_new, logp_old, m, cfg: LossConfig):
 
 
 def _kl_to_ref(logp_new, logp_ref, cfg: LossConfig):
-    """Per-token k1 = logp - logp_ref or k3 = exp(ref - logp) - (ref - logp) - 1 in [-10, 10]."""
+    """Per-token k1 = logp - logp_ref, or k3 = exp(x) - x - 1 clamped to [-10, 10] with
+    x = clamp(ref - logp, -20, 20).
+
+    The clamp of x comes *before* the exp: clamping only the result keeps the forward
+    finite but not the gradient (exp(x) overflows to inf in float32 for x > ~88, and
+    inf * 0 from the outer clamp's gradient is NaN).
+    """
     if cfg.kl_estimator == "k1":
         return logp_new - logp_ref
-    x = logp_ref - logp_new
+    x = jnp.clip(logp_ref - logp_new, -cfg.log_ratio_clamp, cfg.log_ratio_clamp)
     return jnp.clip(jnp.exp(x) - x - 1.0, -cfg.kl_clamp, cfg.kl_clamp)
 
 
@@ -120,6 +133,18 @@ def _entropy_from_logits(logits: jax.Array) -> jax.Array:
     logp = jax.nn.log_softmax(as_float(logits), axis=-1)
     p = jnp.exp(logp)
     return -jnp.where(p > 0, p * logp, 0.0).sum(-1)  # -inf logits (masked vocab) give 0
+
+
+def tis_weights(logp_old: jax.Array, logp_behavior: jax.Array, mask: jax.Array, cap: float):
+    """Truncated importance weights w = stop_grad(min(pi_old / mu, C)) per token, 0 off-mask.
+
+    pi_old is the temperature-1 policy that the ratio is taken against and mu the
+    distribution the tokens were actually drawn from (temperature, top-k, top-p). Tokens
+    that mu could never emit never occur in the samples, so nothing corrects for the
+    probability mass pi_old puts on them.
+    """
+    log_w = jnp.minimum(as_float(logp_old) - as_float(logp_behavior), jnp.log(cap))
+    return jax.lax.stop_gradient(jnp.where(mask > 0, jnp.exp(log_w), 0.0))
 
 
 def _aggregate(tok_loss, m, agg: str, normalizer):
@@ -131,7 +156,7 @@ def _aggregate(tok_loss, m, agg: str, normalizer):
     return safe_div(total, normalizer)
 
 
-def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified):
+def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified, is_weights):
     """Token metrics over this batch's valid tokens (stop-gradient); d is the token log-ratio."""
     n = m.sum()
     mean = lambda x: safe_div((m * x).sum(), n)
@@ -154,6 +179,10 @@ def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified):
     if amplified is not None:
         am = m * jnp.broadcast_to(amplified.reshape(amplified.shape[0], -1), m.shape)
         out["loss/clipfrac_high_amplified"] = safe_div((am * high).sum(), am.sum())
+        out["loss/num_amplified_tokens"] = am.sum()
+    if is_weights is not None:
+        out["loss/tis_weight_mean"] = mean(is_weights)
+        out["loss/tis_capped_frac"] = mean(is_weights >= cfg.tis_cap * (1 - 1e-6))
     return jax.tree.map(jax.lax.stop_gradient, out)
 
 
@@ -168,6 +197,7 @@ def _da3po_loss_jit(
     entropy,
     logits,
     amplified,
+    logp_behavior,
     *,
     config: LossConfig,
 ):
@@ -183,6 +213,10 @@ def _da3po_loss_jit(
     clipped = jnp.clip(rho, 1 - config.eps_low, 1 + config.eps_high)
     tok_loss = jnp.maximum(-adv * rho, -adv * clipped)
     tok_loss = jnp.where(adv < 0, jnp.minimum(tok_loss, -adv * config.clip_ratio_c), tok_loss)
+    is_weights = None
+    if logp_behavior is not None and config.tis_cap > 0:
+        is_weights = tis_weights(logp_old, clean(logp_behavior), m, config.tis_cap)
+        tok_loss = is_weights * tok_loss
     if normalizer is None:
         normalizer = loss_normalizer(m, config.agg)
     pg_loss = _aggregate(tok_loss, m, config.agg, normalizer)
@@ -203,6 +237,7 @@ def _da3po_loss_jit(
         kl,
         entropy,
         None if amplified is None else jnp.asarray(amplified, jnp.float32),
+        is_weights,
     )
     return loss, metrics
 
@@ -219,6 +254,7 @@ def da3po_loss(
     entropy: jax.Array | None = None,
     logits: jax.Array | None = None,
     amplified: jax.Array | None = None,
+    logp_behavior: jax.Array | None = None,
     **overrides: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Decoupled-clip (clip-higher) policy loss of DAPO / DA3PO, jitted.
@@ -229,8 +265,10 @@ def da3po_loss(
         rho = exp(d)
         l   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
         l   = min(l, -A c)                 where A < 0 (dual clip, c = clip_ratio_c)
+        l  *= min(pi_old / mu, C)          with logp_behavior = log mu and tis_cap = C > 0
         l  += kl_coef * KL                 KL = k1 = logp - ref, or
-                                           k3 = clamp(exp(ref - logp) - (ref - logp) - 1, +-10)
+                                           k3 = clamp(exp(x) - x - 1, +-10),
+                                           x = clamp(ref - logp, +-20)
         loss = sum_{b,t} m l / N                             token-mean (DAPO, default)
              = sum_b (sum_t m l / sum_t m) / B               seq-mean-token-mean (GRPO)
              = sum_{b,t} m l / B                             seq-mean-token-sum
@@ -246,7 +284,8 @@ def da3po_loss(
     verl; DAPO itself does not mention it. GSPO's ratio is the plain masked mean of the
     (clamped) token log-ratios with its full gradient, not GSPO's stop-gradient token form
     (same value; per-token gradients are the sequence gradient spread over the tokens).
-    The k3 estimate is clamped to [-10, 10] as in verl.
+    The k3 estimate is clamped to [-10, 10] as in verl. The importance weight (truncated
+    importance sampling, as verl and TRL) multiplies the clipped policy term only, not KL.
 
     Args:
       logp_new: `[B, T]` log-probs of the sampled tokens under the current policy.
@@ -262,6 +301,8 @@ def da3po_loss(
       logits: optional `[B, T, V]` new-policy logits (entropy metric when `entropy` is None).
       amplified: optional `[B]` or `[B, T]` mask of DAA-amplified responses/tokens, for the
         `loss/clipfrac_high_amplified` metric.
+      logp_behavior: optional `[B, T]` log-probs of the sampled tokens under the sampling
+        distribution mu; with `tis_cap > 0` it turns on truncated importance sampling.
       **overrides: `LossConfig` fields.
 
     Returns:
@@ -270,7 +311,9 @@ def da3po_loss(
       `loss/clipfrac_dual` (A < 0, rho > c), `loss/approx_kl` (k3 estimate of KL(old||new),
       mean of e^d - 1 - d with the token-level d), `loss/ratio_mean`, `loss/ratio_max`,
       `loss/num_tokens`, and when available `loss/kl_ref`, `loss/entropy`,
-      `loss/clipfrac_high_amplified`. Metrics are token means over this call's mask.
+      `loss/clipfrac_high_amplified` (with its weight `loss/num_amplified_tokens`),
+      `loss/tis_weight_mean`, `loss/tis_capped_frac`. Metrics are token means over this
+      call's mask.
     """
     cfg = config or LossConfig()
     if overrides:
@@ -290,5 +333,6 @@ def da3po_loss(
         entropy,
         logits,
         amplified,
+        logp_behavior,
         config=cfg,
     )

@@ -27,7 +27,7 @@ DISTILLATION = ("opd", "ra_opd")
 
 
 def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
-    """Defaults that define each algorithm (ALGORITHMS.md): GRPO = std-normalised group
+    """Defaults that define each algorithm (docs/algorithms.md): GRPO = std-normalised group
     advantages, symmetric clip, sequence-mean loss; DAPO = dynamic sampling, clip-higher,
     token-level loss, soft overlong punishment over the last fifth of the length cap (the
     DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA. OPD / RA-OPD: per-token teacher
@@ -89,6 +89,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rollout.top_p": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
     "rollout.top_k": _non_negative,
     "rollout.logp_old": _choice("sampler", "recompute"),
+    "rollout.tis_cap": lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
     "rl.train_prompts": _positive,
     "rl.mini_batch_prompts": _positive,
     "rl.micro_batch_prompts": _non_negative,
@@ -236,8 +237,17 @@ def _from_section(cls, section):
     return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})
 
 
+def sampling_is_exact(rollout) -> bool:
+    """True when rollouts sample from the temperature-1 policy itself (no temperature,
+    top-k or top-p): then pi_old = mu and no importance correction is needed."""
+    return rollout.temperature == 1.0 and rollout.top_k == 0 and rollout.top_p == 1.0
+
+
 def loss_config(cfg) -> LossConfig:
-    return _from_section(LossConfig, cfg.loss)
+    """The loss settings; truncated importance sampling (`rollout.tis_cap`) is on only when
+    the rollout distribution differs from the policy the ratio is taken against."""
+    tis_cap = 0.0 if sampling_is_exact(cfg.rollout) else float(cfg.rollout.tis_cap)
+    return dataclasses.replace(_from_section(LossConfig, cfg.loss), tis_cap=tis_cap)
 
 
 def advantage_config(cfg) -> AdvantageConfig:

@@ -6,15 +6,12 @@ Only process 0 writes; other hosts get a logger that does nothing.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 
 def _scalar(v: Any) -> float | None:
@@ -27,7 +24,7 @@ def _scalar(v: Any) -> float | None:
 
 class MetricsLogger:
     """Appends one JSON line per `write` to `<workdir>/metrics.jsonl`; mirrors scalars to
-    TensorBoard (`tensorboardX`, if installed) and W&B (if `wandb_project` is set)."""
+    TensorBoard (`tensorboardX`) and W&B (if `wandb_project` is set)."""
 
     def __init__(
         self,
@@ -42,17 +39,18 @@ class MetricsLogger:
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        try:
-            from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # a runtime dependency (pyproject.toml)
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-        except ImportError:
-            log.info("tensorboardX not installed; metrics go to metrics.jsonl only")
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
         if wandb_project:
             import wandb  # an explicit request: a missing package is an error
 
             self._wandb = wandb.init(
-                project=wandb_project, dir=workdir, config=dict(config or {}), resume="allow"
+                project=wandb_project,
+                dir=workdir,
+                config=dict(config or {}),
+                id=_wandb_run_id(workdir, wandb),
+                resume="allow",
             )
 
     def write(self, step: int, metrics: Mapping[str, Any], kind: str = "train") -> None:
@@ -67,13 +65,38 @@ class MetricsLogger:
                 if self._tb is not None:
                     self._tb.add_scalar(k.replace("@", "_at_"), v, step)
         if self._wandb is not None:
-            self._wandb.log({f"{kind}/{k}": v for k, v in row.items() if v is not None}, step=step)
+            # keys are already namespaced (reward/mean, eval/avg@k): logged as they are
+            scalars = {k: v for k, v in row.items() if k not in ("step", "kind") and v is not None}
+            self._wandb.log(scalars, step=step)
+
+    def truncate(self, last_step: int) -> None:
+        """Drops rows written after `last_step` (a resumed run rewrites them); only the
+        process that writes the file touches it."""
+        if self.enabled:
+            truncate_metrics(self.path, last_step)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _wandb_run_id(workdir: str, wandb) -> str:
+    """The W&B run id of this workdir, made once and kept in `<workdir>/wandb_id.txt`, so
+    every restart of the run resumes the same W&B run instead of starting a new one."""
+    path = os.path.join(workdir, "wandb_id.txt")
+    if os.path.isfile(path):
+        with open(path) as f:
+            run_id = f.read().strip()
+        if run_id:
+            return run_id
+    run_id = wandb.util.generate_id()
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

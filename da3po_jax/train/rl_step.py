@@ -5,7 +5,7 @@ AdamW updates, as one pure function of arrays.
 Shapes are fixed per run: a batch holds `train_prompts` groups of G responses; empty
 dynamic-sampling slots are masked by `valid`. The loss normaliser of each mini-batch is
 computed once over the whole mini-batch and shared by its micro-batches, so micro-batching
-does not change the gradient (ALGORITHMS.md, "Loss aggregation").
+does not change the gradient (docs/algorithms.md, "Loss aggregation").
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ class GroupBatch:
       lengths: [N, G] int32 response lengths.
       truncated: [N, G] bool, hit the length cap without EOS.
       prompt_index: [N] int32 dataset index of the prompt (history estimator, metrics).
+      logp_sample: [N, G, Tn] float32 log mu(token) under the sampling distribution
+        (temperature, top-k, top-p): the behaviour policy of truncated importance
+        sampling. None when the caller has no sampler output (TIS then unavailable).
+      history: the prompt's decayed success / failure counts ([N] each) as known when the
+        group was *generated* (history estimator), so a group carried over in the
+        dynamic-sampling surplus never sees its own counts. None: not tracked.
     """
 
     prompt_tokens: jax.Array
@@ -67,6 +73,8 @@ class GroupBatch:
     lengths: jax.Array
     truncated: jax.Array
     prompt_index: jax.Array
+    logp_sample: jax.Array | None = None
+    history: PromptHistory | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,13 +115,16 @@ def _rows(batch: GroupBatch, g: int) -> dict[str, jax.Array]:
     """Per-response rows [N * G, ...] of the batch (prompts repeated for their G samples)."""
     n = batch.tokens.shape[0]
     flat = lambda x: x.reshape(n * g, *x.shape[2:])
-    return {
+    rows = {
         "prompt_tokens": jnp.repeat(batch.prompt_tokens, g, axis=0),
         "prompt_mask": jnp.repeat(batch.prompt_mask, g, axis=0),
         "tokens": flat(batch.tokens),
         "response_mask": flat(batch.response_mask),
         "logp_old": flat(batch.logp_old),
     }
+    if batch.logp_sample is not None:
+        rows["logp_sample"] = flat(batch.logp_sample)
+    return rows
 
 
 def _advantages(batch, valid, cfg: RLStepConfig, prior, history):
@@ -203,6 +214,7 @@ def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer)
             normalizer=normalizer,
             entropy=ent,
             amplified=m["amplified"],
+            logp_behavior=m.get("logp_sample"),
         )
 
     def body(acc, m):
@@ -215,15 +227,41 @@ def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer)
     return grads, loss, metrics
 
 
-def token_weighted_mean(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Averages stacked per-(micro-)batch metrics weighted by their token counts, so an
-    empty micro-batch (all slots masked) does not drag the averages towards 0."""
-    weights = metrics["loss/num_tokens"].reshape(-1)
-    total = jnp.maximum(weights.sum(), 1e-9)
-    out = {k: (v.reshape(-1) * weights).sum() / total for k, v in metrics.items()}
-    out["loss/num_tokens"] = weights.sum()
+# Micro-batch metrics that are not token means of their own micro-batch: the partial sums
+# of the mini-batch loss, and means over a subset of tokens (weighted by its own count).
+_SUMMED_OVER_MICRO = ("loss/pg",)
+_WEIGHTED_BY = {"loss/clipfrac_high_amplified": "loss/num_amplified_tokens"}
+
+
+def combine_metrics(metrics: dict[str, jax.Array], num_iterations: int) -> dict[str, jax.Array]:
+    """One value per step from the metrics stacked `[iterations, mini-batches, micro]`.
+
+    Token means are weighted by their micro-batch's token count (an empty micro-batch
+    does not drag them towards 0) and means over a subset of tokens by that subset's
+    count; `loss/pg`, whose micro-batch values are partial sums of the mini-batch loss
+    (they share its normaliser), is summed over micro-batches and averaged over the
+    mini-batches that had tokens; token counts are those of one pass over the batch.
+    """
+    tokens = metrics["loss/num_tokens"]
+    mb_tokens = tokens.sum(-1)  # [iterations, mini-batches]
+    nonempty = (mb_tokens > 0).astype(jnp.float32)
+    out = {}
+    for k, v in metrics.items():
+        if k in _SUMMED_OVER_MICRO:
+            out[k] = (v.sum(-1) * nonempty).sum() / jnp.maximum(nonempty.sum(), 1.0)
+        else:
+            w = metrics[_WEIGHTED_BY.get(k, "loss/num_tokens")]
+            out[k] = (v * w).sum() / jnp.maximum(w.sum(), 1e-9)
+    for k in ("loss/num_tokens", *_WEIGHTED_BY.values()):
+        if k in metrics:
+            out[k] = metrics[k].sum() / num_iterations
     out["loss/ratio_max"] = metrics["loss/ratio_max"].max()
     return out
+
+
+def _mean_over_applied(x: jax.Array, applied: jax.Array) -> jax.Array:
+    a = applied.astype(jnp.float32)
+    return (x * a).sum() / jnp.maximum(a.sum(), 1.0)
 
 
 def rl_update(
@@ -234,7 +272,6 @@ def rl_update(
     batch: GroupBatch,
     valid: jax.Array,
     prior: BetaPrior | None = None,
-    history: PromptHistory | None = None,
     ref_params: Any = None,
     teacher_params: Any = None,
     *,
@@ -247,17 +284,24 @@ def rl_update(
       state: the `TrainState` (donate it).
       batch: `GroupBatch` of N = train_prompts groups.
       valid: [N] bool, slots that hold a kept group.
-      prior, history: DAA estimator inputs (bayes / history), else None.
+      prior: the Beta prior of the bayes / history estimators, else None (the history
+        estimator reads its counts from `batch.history`).
       ref_params: frozen reference parameters when the loss has a KL term.
       teacher_params, teacher_graphdef: the frozen teacher (`nnx.split` of it; any
         architecture with the student's tokenizer) when `cfg.opd` is set: its log-probs of
         the sampled responses (one forward) give the per-token OPD advantages.
 
+    A mini-batch without a valid token (e.g. the trailing slots when dynamic sampling
+    stopped at its round cap short of a full batch) leaves parameters *and* optimizer
+    state unchanged: no momentum step, no weight decay, no schedule count.
+
     Returns:
       (new state, scalar metrics).
     """
     g = cfg.group_size
-    adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, history)
+    if cfg.loss.tis_cap > 0 and batch.logp_sample is None:
+        raise ValueError("loss.tis_cap > 0 needs the sampler's log-probs (batch.logp_sample)")
+    adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, batch.history)
     rows = _rows(batch, g)
     rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
     fwd = jax.jit(response_logprobs, static_argnums=0)
@@ -284,22 +328,26 @@ def rl_update(
         params, opt_state = carry
         norm = loss_normalizer(mb["loss_mask"], cfg.loss.agg)
         grads, loss, mb_metrics = _microbatch_grads(graphdef, params, mb, cfg, norm)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        mb_metrics = {**mb_metrics, "loss/total": loss, "optim/grad_norm": optax.global_norm(grads)}
-        return (params, opt_state), mb_metrics
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        applied = norm > 0
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(applied, a, b), new, old)
+        carry = (keep(optax.apply_updates(params, updates), params), keep(new_opt_state, opt_state))
+        scalars = {"loss/total": loss, "optim/grad_norm": optax.global_norm(grads)}
+        return carry, (mb_metrics, {**scalars, "optim/applied": applied})
 
     carry = (state.params, state.opt_state)
-    step_metrics = []
+    micro, per_mb = [], []
     for _ in range(cfg.num_iterations):
-        carry, m = jax.lax.scan(update, carry, minibatches)
-        step_metrics.append(m)
+        carry, (m, s) = jax.lax.scan(update, carry, minibatches)
+        micro.append(m)
+        per_mb.append(s)
     params, opt_state = carry
-    stacked = {k: jnp.stack([m[k] for m in step_metrics]) for k in step_metrics[0]}
-    grad_norm, total = stacked.pop("optim/grad_norm"), stacked.pop("loss/total")
-    metrics.update(token_weighted_mean(stacked))
-    metrics["optim/grad_norm"] = grad_norm.mean()
-    metrics["loss/total"] = total.mean()
-    metrics["optim/updates"] = jnp.asarray(cfg.num_iterations * n_mb, jnp.float32)
+    stack = lambda ms: {k: jnp.stack([m[k] for m in ms]) for k in ms[0]}
+    metrics.update(combine_metrics(stack(micro), cfg.num_iterations))
+    per_mb = stack(per_mb)  # [iterations, mini-batches]
+    applied = per_mb.pop("optim/applied")
+    metrics.update({k: _mean_over_applied(v, applied) for k, v in per_mb.items()})
+    metrics["optim/updates"] = applied.sum(dtype=jnp.float32)
+    metrics["optim/skipped_updates"] = (~applied).sum(dtype=jnp.float32)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics

@@ -32,6 +32,7 @@ from da3po_jax.parallel import (
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rl import (
     DSBuffer,
+    PromptHistory,
     ds_add_round,
     ds_empty_buffer,
     ds_keep_mask,
@@ -194,6 +195,8 @@ class Rollout:
             lengths=out.lengths,
             truncated=out.truncated,
             prompt_index=prompt_index,
+            logp_sample=out.sample_logp,
+            history=_no_history(n),  # the trainer fills in what its table knows
         )
         return RoundResult(
             items,
@@ -270,4 +273,10 @@ def abstract_round(rollout: Rollout, num_prompts: int) -> GroupBatch:
         lengths=z(num_prompts, g, dt=jnp.int32),
         truncated=z(num_prompts, g, dt=bool),
         prompt_index=z(num_prompts, dt=jnp.int32),
+        logp_sample=z(num_prompts, g, n),
+        history=_no_history(num_prompts),
     )
+
+
+def _no_history(num_prompts: int) -> PromptHistory:
+    return PromptHistory(jnp.zeros(num_prompts), jnp.zeros(num_prompts))

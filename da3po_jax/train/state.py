@@ -76,6 +76,13 @@ def make_optimizer(
     return optax.chain(*parts), schedule
 
 
+def optimizer_updates(state: TrainState) -> int:
+    """Optimizer updates applied so far: the count the learning-rate schedule reads (an
+    RL step makes mini-batches x iterations of them, fewer when some were empty)."""
+    counts = optax.tree_utils.tree_get_all_with_path(state.opt_state, "count")
+    return max((int(v) for _, v in counts), default=0)
+
+
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int, mesh=None):
     """(graphdef, TrainState) for `model`, with fresh optimizer state; with `mesh`, the
     optimizer state is created sharded by the same rules as the parameters."""

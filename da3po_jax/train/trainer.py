@@ -1,4 +1,4 @@
-"""The RL loop of DESIGN.md: rollout -> rewards -> dynamic-sampling rounds -> advantages
+"""The RL loop of docs/design.md: rollout -> rewards -> dynamic-sampling rounds -> advantages
 (DAA) -> mini-batch updates -> eval -> checkpoint, resumable exactly from any checkpoint.
 """
 
@@ -32,7 +32,7 @@ from da3po_jax.sampling.host import pick_bucket
 from da3po_jax.train import config as config_lib
 from da3po_jax.train.checkpoint import Checkpointer, CheckpointError, check_compatible
 from da3po_jax.train.evaluation import evaluate
-from da3po_jax.train.logger import MetricsLogger, truncate_metrics
+from da3po_jax.train.logger import MetricsLogger
 from da3po_jax.train.rl_step import RLStepConfig, rl_update
 from da3po_jax.train.rollout import (
     PromptEncoder,
@@ -42,7 +42,7 @@ from da3po_jax.train.rollout import (
     empty_buffer,
 )
 from da3po_jax.train.setup import Datasets, generate_configs
-from da3po_jax.train.state import init_train_state, make_optimizer
+from da3po_jax.train.state import init_train_state, make_optimizer, optimizer_updates
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class RLTrainer:
                 f"checkpoint in {path!r}: data position unusable ({e}). "
                 "Nothing was changed; use another --workdir."
             ) from e
-        truncate_metrics(self.logger.path, step)
+        self.logger.truncate(step)
         log.info("resumed from %s at step %d", path, step)
         return step
 
@@ -208,10 +208,12 @@ class RLTrainer:
         while int(buffer.count) < self.capacity and rounds < max_rounds:
             problems = self.iterator.next_batch(n)
             res = self.rollout.round(self.state.params, problems, keys[rounds])
+            # what the history table knew before this group was generated, carried with it
+            items = res.items.replace(history=self._history_of(res.items.prompt_index))
             generated.append((res.items.prompt_index, res.items.correct))
             buffer, surplus, keep, mu = self._ds_update(
                 buffer,
-                res.items,
+                items,
                 bool(cfg.ds.enable),
                 cfg.ds.metric,
                 self.g,
@@ -239,40 +241,52 @@ class RLTrainer:
         metrics = host.summary(rounds, count, self.capacity, int(surplus.count))
         return buffer, generated, metrics
 
-    def _daa_inputs(self, buffer):
+    def _prior(self):
+        """The Beta prior of the bayes / history estimators (None for the others)."""
         daa = self.step_cfg.daa
-        if daa is None or daa.estimator == "power":
-            return None, None
-        prior = prior_from_state(self.aux["prior"], self.g)
-        if daa.estimator != "history":
-            return prior, None
-        idx = jnp.maximum(buffer.items.prompt_index, 0)
-        hist = PromptHistory(
-            self.aux["history"]["success"][idx], self.aux["history"]["failure"][idx]
+        if daa is None or daa.estimator not in ("bayes", "history"):
+            return None
+        return prior_from_state(self.aux["prior"], self.g)
+
+    def _tracks_history(self) -> bool:
+        daa = self.step_cfg.daa
+        return daa is not None and daa.estimator == "history"
+
+    def _history_of(self, prompt_index: jax.Array) -> PromptHistory:
+        """The table's counts for the prompts of a round (0 for prompts outside it)."""
+        table = self.aux["history"]
+        known = prompt_index >= 0
+        safe = jnp.maximum(prompt_index, 0)
+        return PromptHistory(
+            jnp.where(known, table["success"][safe], 0.0),
+            jnp.where(known, table["failure"][safe], 0.0),
         )
-        return prior, hist
 
     def _update_history(self, generated) -> None:
         """Adds this step's outcomes to the per-prompt history table: every generated group,
         including those dynamic sampling filtered (all wrong / all right), which carry most
-        of the information about a hard prompt (ALGORITHMS.md, `bayes` / `history`)."""
-        idx = jnp.concatenate([i for i, _ in generated])
-        correct = jnp.concatenate([c for _, c in generated])
-        known = idx >= 0
-        safe = jnp.maximum(idx, 0)
-        table = self.aux["history"]
-        hist = PromptHistory(table["success"][safe], table["failure"][safe])
-        new = update_history(hist, correct.reshape(-1), self.g, self.cfg.daa.history_decay)
-        for key, val in (("success", new.success), ("failure", new.failure)):
-            table[key] = table[key].at[safe].set(jnp.where(known, val, table[key][safe]))
+        of the information about a hard prompt (docs/algorithms.md, `history`).
+
+        Runs after the update, so the step's own groups never see their counts."""
+        if not generated:
+            return
+        table = add_to_history(
+            {k: to_host(v) for k, v in self.aux["history"].items()},
+            np.concatenate([to_host(i) for i, _ in generated]),
+            np.concatenate([to_host(c) for _, c in generated]),
+            self.g,
+            self.cfg.daa.history_decay,
+        )
+        placed = jax.device_put(table, replicated(self.mesh)) if self.mesh else table
+        self.aux["history"] = {k: jnp.asarray(v) for k, v in placed.items()}
 
     def step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         keys = jax.random.split(self.state.rng, 1 + max(self.cfg.ds.max_rounds, 1))
         self.state = self.state.replace(rng=keys[0])
         buffer, generated, metrics = self.collect(keys[1:])
+        self.rollout.sampler.clear()  # no KV cache during the update (as plan.py counts)
         t1 = time.perf_counter()
-        prior, hist = self._daa_inputs(buffer)
         self.state, dev = self._update(
             self.graphdef,
             self.tx,
@@ -280,17 +294,17 @@ class RLTrainer:
             self.state,
             buffer.items,
             buffer.valid,
-            prior,
-            hist,
+            self._prior(),
             self.ref_params,
             self.teacher_params,
             teacher_graphdef=self.teacher_graphdef,
         )
-        if hist is not None:
+        if self._tracks_history():
             self._update_history(generated)
         metrics.update({k: float(v) for k, v in jax.device_get(dev).items()})
         t2 = time.perf_counter()
-        metrics["optim/lr"] = float(self.schedule(int(self.state.step) - 1))
+        # the rate of the step's last optimizer update (the schedule counts updates)
+        metrics["optim/lr"] = float(self.schedule(max(optimizer_updates(self.state) - 1, 0)))
         metrics.update({"time/collect": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
         metrics["throughput/gen_tokens_per_s"] = metrics.pop("_gen_tokens") / max(
             metrics["time/rollout"], 1e-9
@@ -331,11 +345,7 @@ class RLTrainer:
             metrics = self.step()
             step = int(self.state.step)
             self.logger.write(step, metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward/mean']:.3f}",
-                acc=f"{metrics['reward/acc']:.3f}",
-                tok_s=f"{metrics['throughput/gen_tokens_per_s']:.0f}",
-            )
+            bar.set_postfix(_progress(metrics))
             last = step == cfg.train.steps
             if cfg.train.eval_every and (step % cfg.train.eval_every == 0 or last):
                 evals.append(self._log_eval())
@@ -361,6 +371,50 @@ class RLTrainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.logger.close()
+
+
+def _progress(metrics: dict[str, float]) -> dict[str, str]:
+    """Progress-bar fields; a step that trained on carried groups only (no generation
+    round) has no rollout metrics."""
+    if "reward/mean" not in metrics:
+        return {"rounds": "0 (carried surplus)"}
+    return {
+        "reward": f"{metrics['reward/mean']:.3f}",
+        "acc": f"{metrics['reward/acc']:.3f}",
+        "tok_s": f"{metrics['throughput/gen_tokens_per_s']:.0f}",
+    }
+
+
+def add_to_history(
+    table: dict[str, np.ndarray], idx: np.ndarray, correct: np.ndarray, g: int, decay: float
+) -> dict[str, np.ndarray]:
+    """The history table after the groups `idx` [M] (dataset indices, -1 = not in the
+    table) with verdicts `correct` [M, G], applied in order (`update_history` each).
+
+    A prompt drawn twice in one step (an epoch boundary) gets both updates, one after
+    the other: s <- decay (decay s + k1) + k2. A plain scatter would keep only one.
+    """
+    table = {k: np.array(v, np.float32) for k, v in table.items()}
+    rank = _occurrence_rank(idx)
+    for r in range(int(rank.max(initial=-1)) + 1):
+        sel = (rank == r) & (idx >= 0)  # each prompt at most once per pass
+        rows = idx[sel]
+        hist = PromptHistory(table["success"][rows], table["failure"][rows])
+        new = update_history(hist, correct[sel], g, decay)
+        table["success"][rows] = np.asarray(new.success)
+        table["failure"][rows] = np.asarray(new.failure)
+    return table
+
+
+def _occurrence_rank(idx: np.ndarray) -> np.ndarray:
+    """rank[j] = number of earlier entries equal to idx[j] (0 for a first occurrence)."""
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    start = np.r_[True, sorted_idx[1:] != sorted_idx[:-1]]
+    first = np.maximum.accumulate(np.where(start, np.arange(idx.size), 0))
+    rank = np.empty(idx.size, np.int64)
+    rank[order] = np.arange(idx.size) - first
+    return rank
 
 
 class _RoundStats:

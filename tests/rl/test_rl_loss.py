@@ -331,3 +331,56 @@ def test_approx_kl_uses_token_ratio_at_sequence_level():
     _, met = da3po_loss(new, old, jnp.ones(1), mask, ratio_level="sequence")
     expected = np.mean(np.expm1([0.1, 0.5]) - np.array([0.1, 0.5]))
     np.testing.assert_allclose(met["loss/approx_kl"], expected, rtol=1e-5)
+
+
+def test_k3_gradient_finite_when_reference_far_above_policy():
+    """ref - logp = 99: exp(99) overflows float32, so without clamping the log-ratio before
+    the exp the forward is the clamp value 10 but the gradient is inf * 0 = NaN."""
+    new = jnp.asarray([[-100.0, -1.0]])
+    ref = jnp.asarray([[-1.0, -1.0]])
+    mask = jnp.ones((1, 2))
+
+    def f(x):
+        return da3po_loss(x, x, jnp.zeros(1), mask, logp_ref=ref, kl_coef=1.0)[0]
+
+    loss, grad = jax.value_and_grad(f)(new)
+    # token 1: x = clamp(99, +-20) = 20 -> k3 = e^20 - 21 -> clamped to 10; token 2: k3 = 0
+    np.testing.assert_allclose(loss, (10.0 + 0.0) / 2, rtol=1e-6)
+    assert np.all(np.isfinite(np.asarray(grad)))
+    np.testing.assert_array_equal(np.asarray(grad), 0.0)  # both tokens on a flat part
+
+
+def test_truncated_importance_weights_hand_values():
+    """w = min(pi_old / mu, C) per token multiplies the clipped policy term only."""
+    old = jnp.log(jnp.asarray([[0.2, 0.5, 0.9]]))
+    mu = jnp.log(jnp.asarray([[0.4, 0.1, 0.9]]))  # pi_old / mu = 0.5, 5 (-> C = 2), 1
+    new = old  # rho = 1: the clipped term is -A per token
+    mask = jnp.ones((1, 3))
+    adv = jnp.asarray([1.0])
+    loss, met = da3po_loss(new, old, adv, mask, logp_behavior=mu, tis_cap=2.0)
+    np.testing.assert_allclose(loss, -(0.5 + 2.0 + 1.0) / 3, rtol=1e-6)
+    np.testing.assert_allclose(met["loss/tis_weight_mean"], 3.5 / 3, rtol=1e-6)
+    np.testing.assert_allclose(met["loss/tis_capped_frac"], 1 / 3, rtol=1e-6)
+    # the gradient is -A * w * rho / N per token (w is not differentiated)
+    g = jax.grad(lambda x: da3po_loss(x, old, adv, mask, logp_behavior=mu, tis_cap=2.0)[0])(new)
+    np.testing.assert_allclose(g, -np.array([[0.5, 2.0, 1.0]]) / 3, rtol=1e-6)
+    # tis_cap = 0 (the default) or no behaviour log-probs: no weighting
+    for kwargs in ({"logp_behavior": mu}, {"tis_cap": 2.0}):
+        loss0, met0 = da3po_loss(new, old, adv, mask, **kwargs)
+        np.testing.assert_allclose(loss0, -1.0, rtol=1e-6)
+        assert "loss/tis_weight_mean" not in met0
+    # the KL term is not weighted
+    ref = old - 1.0
+    lk, _ = da3po_loss(
+        new, old, jnp.zeros(1), mask, logp_ref=ref, kl_coef=1.0, logp_behavior=mu, tis_cap=2.0
+    )
+    np.testing.assert_allclose(lk, np.exp(-1.0) + 1.0 - 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=-1.0)
+
+
+def test_amplified_clip_fraction_counts_amplified_tokens():
+    new, old, adv = _rho_batch([1.0, 1.0])
+    mask = jnp.ones((2, 4))
+    _, met = da3po_loss(new, old, adv, mask, amplified=jnp.array([True, False]))
+    np.testing.assert_allclose(met["loss/num_amplified_tokens"], 4.0)

@@ -1,0 +1,177 @@
+"""The jitted RL update on a hand-made batch: empty mini-batches leave the state untouched,
+step metrics equal direct computations (micro-batches, iterations, amplified tokens), and
+truncated importance sampling in the step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from da3po_jax.models import get_preset, init_model
+from da3po_jax.rl import (
+    AdvantageConfig,
+    DAAConfig,
+    LossConfig,
+    OverlongConfig,
+    compute_advantages,
+    da3po_loss,
+)
+from da3po_jax.train.rl_step import GroupBatch, RLStepConfig, response_logprobs, rl_update
+from da3po_jax.train.state import init_train_state, optimizer_updates
+
+N, G, TP, TN, V = 2, 4, 5, 6, 64
+# group 0: 1 of 4 correct (hard: mu = 0.25 < tau = 0.5); group 1: 2 of 4 (not hard)
+CORRECT = np.array([[1, 0, 0, 0], [1, 1, 0, 0]], np.float32)
+
+
+def _batch(seed: int = 0) -> GroupBatch:
+    rng = np.random.default_rng(seed)
+    prompt_mask = np.ones((N, TP), bool)
+    prompt_mask[0, :2] = False
+    lengths = rng.integers(2, TN + 1, (N, G))
+    return GroupBatch(
+        prompt_tokens=jnp.asarray(rng.integers(1, V, (N, TP)), jnp.int32),
+        prompt_mask=jnp.asarray(prompt_mask),
+        tokens=jnp.asarray(rng.integers(1, V, (N, G, TN)), jnp.int32),
+        response_mask=jnp.asarray(np.arange(TN)[None, None] < lengths[..., None]),
+        logp_old=jnp.asarray(rng.normal(np.log(1 / V), 0.05, (N, G, TN)), jnp.float32),
+        rewards=jnp.asarray(CORRECT),
+        correct=jnp.asarray(CORRECT),
+        lengths=jnp.asarray(lengths, jnp.int32),
+        truncated=jnp.zeros((N, G), bool),
+        prompt_index=jnp.arange(N, dtype=jnp.int32),
+    )
+
+
+def _cfg(**kw) -> RLStepConfig:
+    base = dict(
+        group_size=G,
+        mini_batch_prompts=1,
+        micro_batch_prompts=0,
+        num_iterations=1,
+        loss=LossConfig(agg="token-mean"),
+        adv=AdvantageConfig(),
+        daa=None,
+        overlong=OverlongConfig(max_len=TN),
+    )
+    return RLStepConfig(**{**base, **kw})
+
+
+def _model():
+    return init_model(get_preset("tiny-qwen2", vocab_size=V), seed=0)
+
+
+def _run(cfg, batch, valid=None, tx=None):
+    tx = tx or optax.adamw(1e-3, weight_decay=0.1)
+    graphdef, state = init_train_state(_model(), tx, 0)
+    before = jax.tree.map(np.asarray, state)
+    valid = jnp.ones(batch.tokens.shape[0], bool) if valid is None else valid
+    step = jax.jit(rl_update, static_argnums=(0, 1, 2))
+    new, metrics = step(graphdef, tx, cfg, state, batch, valid)
+    return graphdef, before, new, {k: float(v) for k, v in metrics.items()}
+
+
+def _assert_trees_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_empty_minibatches_leave_params_and_optimizer_state_bitwise_unchanged():
+    """AdamW would still apply weight decay (and a schedule count) on a zero gradient."""
+    _, before, new, met = _run(_cfg(), _batch(), valid=jnp.zeros(N, bool))
+    _assert_trees_equal(before.params, new.params)
+    _assert_trees_equal(before.opt_state, new.opt_state)
+    assert (met["optim/updates"], met["optim/skipped_updates"]) == (0.0, 2.0)
+    assert met["loss/total"] == 0.0 and met["loss/num_tokens"] == 0.0
+
+
+def test_only_the_empty_trailing_minibatch_is_skipped():
+    """valid = [True, False]: the first mini-batch updates, the second changes nothing, so
+    the result is that of the one-group batch alone."""
+    batch = _batch()
+    _, before, new, met = _run(_cfg(), batch, valid=jnp.asarray([True, False]))
+    assert (met["optim/updates"], met["optim/skipped_updates"]) == (1.0, 1.0)
+    assert optimizer_updates(new) == 1
+    _, _, alone, _ = _run(_cfg(), jax.tree.map(lambda x: x[:1], batch))
+    for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(alone.params), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+    assert not all(
+        np.array_equal(np.asarray(x), y)
+        for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(before.params))
+    )
+
+
+def _direct_minibatch_loss(graphdef, params, batch, cfg: RLStepConfig):
+    """The mini-batch loss of the whole (two-group) batch in one call, independently of the
+    step's micro-batching and metric bookkeeping."""
+    rows = lambda x: x.reshape(N * G, *x.shape[2:])
+    pt, pm = jnp.repeat(batch.prompt_tokens, G, 0), jnp.repeat(batch.prompt_mask, G, 0)
+    logp, _ = response_logprobs(
+        graphdef, params, pt, pm, rows(batch.tokens), rows(batch.response_mask)
+    )
+    adv, _ = compute_advantages(batch.rewards.reshape(-1), batch.correct.reshape(-1), G)
+    return da3po_loss(logp, rows(batch.logp_old), adv, rows(batch.response_mask), config=cfg.loss)
+
+
+@pytest.mark.parametrize("micro", [0, 1])
+def test_loss_metrics_with_micro_batches_and_iterations(micro):
+    """One mini-batch of 2 groups, optionally as 2 micro-batches, 2 iterations: `loss/pg`
+    of the first pass is the whole mini-batch's loss (not half of it), `loss/num_tokens`
+    counts each token once."""
+    cfg = _cfg(mini_batch_prompts=2, micro_batch_prompts=micro, num_iterations=1)
+    batch = _batch()
+    graphdef, before, _, met = _run(cfg, batch)
+    loss, _ = _direct_minibatch_loss(graphdef, before.params, batch, cfg)
+    np.testing.assert_allclose(met["loss/pg"], float(loss), rtol=1e-5)
+    np.testing.assert_allclose(met["loss/total"], float(loss), rtol=1e-5)
+    n_tok = float(np.asarray(batch.response_mask).sum())
+    assert met["loss/num_tokens"] == n_tok
+    _, _, _, met2 = _run(dataclasses.replace(cfg, num_iterations=2), batch)
+    assert met2["loss/num_tokens"] == n_tok
+    assert met2["optim/updates"] == 2.0
+
+
+def test_amplified_clip_fraction_is_a_mean_over_amplified_tokens():
+    """Every token's ratio is e (> 1 + eps_high): every amplified token (the correct
+    response of hard group 0) is clipped high, so the fraction is 1.0, also when the other
+    micro-batch holds no amplified token."""
+    tx = optax.sgd(0.0)
+    graphdef, state = init_train_state(_model(), tx, 0)
+    batch = _batch()
+    rows = lambda x: x.reshape(N * G, *x.shape[2:])
+    logp, _ = response_logprobs(
+        graphdef,
+        state.params,
+        jnp.repeat(batch.prompt_tokens, G, 0),
+        jnp.repeat(batch.prompt_mask, G, 0),
+        rows(batch.tokens),
+        rows(batch.response_mask),
+    )
+    batch = batch.replace(logp_old=(logp - 1.0).reshape(N, G, TN))
+    cfg = _cfg(mini_batch_prompts=2, micro_batch_prompts=1, daa=DAAConfig(estimator="power"))
+    _, _, _, met = _run(cfg, batch, tx=tx)
+    assert met["daa/frac_hard"] == 0.5 and met["daa/lambda_mean"] > 1.0
+    assert met["loss/clipfrac_high_amplified"] == pytest.approx(1.0)
+    assert met["loss/num_amplified_tokens"] == float(np.asarray(batch.response_mask)[0, 0].sum())
+
+
+def test_truncated_importance_sampling_in_the_step():
+    """With the sampler's log-probs and a cap, the step's weights are min(pi_old / mu, C)."""
+    batch = _batch()
+    rng = np.random.default_rng(3)
+    logp_sample = batch.logp_old + jnp.asarray(rng.normal(0.0, 1.0, (N, G, TN)), jnp.float32)
+    batch = batch.replace(logp_sample=logp_sample)
+    cap = 2.0
+    cfg = _cfg(loss=LossConfig(agg="token-mean", tis_cap=cap))
+    _, _, _, met = _run(cfg, batch)
+    m = np.asarray(batch.response_mask)
+    w = np.minimum(np.exp(np.asarray(batch.logp_old) - np.asarray(logp_sample)), cap)
+    np.testing.assert_allclose(met["loss/tis_weight_mean"], w[m].mean(), rtol=1e-5)
+    np.testing.assert_allclose(met["loss/tis_capped_frac"], (w[m] >= cap).mean(), rtol=1e-5)
+    with pytest.raises(ValueError, match="logp_sample"):
+        _run(cfg, batch.replace(logp_sample=None))
