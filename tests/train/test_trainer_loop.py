@@ -72,7 +72,8 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
     groups (4 trained, 4 carried), step 2 trains on the carried ones without generating,
     step 3 generates again. The history estimator sees, for a carried group, only what was
     known before it was generated (nothing), although the table has its counts by then.
-    The lr metric is the rate of the step's last optimizer update (2 per step here)."""
+    The lr metric is the rate of the step's last optimizer update (2 per step here); with
+    tempered sampling the update applies truncated importance weights."""
     monkeypatch.setattr(run_lib, "RewardScorer", FirstCorrectScorer)
     monkeypatch.setattr(run_lib, "RLTrainer", SpyTrainer)
     SpyTrainer.seen = []
@@ -86,6 +87,8 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
             "daa.estimator": estimator,
             "optim.lr": 1e-3,
             "optim.warmup_steps": 4,
+            # tempered sampling turns truncated importance sampling on (checked below)
+            "rollout.temperature": 0.7 if estimator == "bayes" else 1.0,
         },
     )
     workdir = str(tmp_path / estimator)
@@ -100,6 +103,10 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
     # warm-up over 4 steps of 2 updates: step s trains at lr * (s - 1) / 4
     lrs = [r["optim/lr"] for r in rows]
     np.testing.assert_allclose(lrs, [0.0, 2.5e-4, 5e-4], rtol=1e-6)  # a float32 schedule
+    for r in rows:  # weights min(pi_old / mu, 2) only where sampling was tempered
+        assert ("loss/tis_weight_mean" in r) == (estimator == "bayes")
+        if estimator == "bayes":
+            assert 0.0 < r["loss/tis_weight_mean"] <= 2.0
     if estimator != "history":
         return
     step1, step2, _ = SpyTrainer.seen
