@@ -242,20 +242,19 @@ def combine_metrics(metrics: dict[str, jax.Array], num_iterations: int) -> dict[
     (they share its normaliser), is summed over micro-batches and averaged over the
     mini-batches that had tokens; token counts are those of one pass over the batch.
     """
-    tokens = metrics["loss/num_tokens"]
-    mb_tokens = tokens.sum(-1)  # [iterations, mini-batches]
-    nonempty = (mb_tokens > 0).astype(jnp.float32)
+    counts = ("loss/num_tokens", *_WEIGHTED_BY.values())
+    nonempty = (metrics["loss/num_tokens"].sum(-1) > 0).astype(jnp.float32)  # [iters, mbs]
     out = {}
     for k, v in metrics.items():
-        if k in _SUMMED_OVER_MICRO:
+        if k in counts:
+            out[k] = v.sum() / num_iterations
+        elif k == "loss/ratio_max":
+            out[k] = v.max()
+        elif k in _SUMMED_OVER_MICRO:
             out[k] = (v.sum(-1) * nonempty).sum() / jnp.maximum(nonempty.sum(), 1.0)
         else:
             w = metrics[_WEIGHTED_BY.get(k, "loss/num_tokens")]
             out[k] = (v * w).sum() / jnp.maximum(w.sum(), 1e-9)
-    for k in ("loss/num_tokens", *_WEIGHTED_BY.values()):
-        if k in metrics:
-            out[k] = metrics[k].sum() / num_iterations
-    out["loss/ratio_max"] = metrics["loss/ratio_max"].max()
     return out
 
 

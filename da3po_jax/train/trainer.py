@@ -208,8 +208,9 @@ class RLTrainer:
         while int(buffer.count) < self.capacity and rounds < max_rounds:
             problems = self.iterator.next_batch(n)
             res = self.rollout.round(self.state.params, problems, keys[rounds])
-            # what the history table knew before this group was generated, carried with it
-            items = res.items.replace(history=self._history_of(res.items.prompt_index))
+            items = res.items
+            if self._tracks_history():  # what the table knew before generation, carried along
+                items = items.replace(history=self._history_of(items.prompt_index))
             generated.append((res.items.prompt_index, res.items.correct))
             buffer, surplus, keep, mu = self._ds_update(
                 buffer,
