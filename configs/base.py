@@ -141,7 +141,9 @@ def get_config() -> config_dict.ConfigDict:
     c.train.eval_every = 20
     c.train.checkpoint_every = 20
     c.train.keep_checkpoints = 2
-    c.train.log_every = 1
+    # steps in a row whose every update had a non-finite loss / gradient (each skipped,
+    # params and optimizer unchanged) before the run stops with an error; 0 = never stop
+    c.train.max_nonfinite_steps = 3
     c.train.wandb_project = ""  # "" = no W&B
     c.train.export_final = False  # write the final policy as a HF folder <workdir>/final_model
 

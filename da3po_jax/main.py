@@ -5,11 +5,19 @@ Flags: `--config` (an ml_collections config file, locked: dotted overrides such 
 `--workdir` (checkpoints, metrics, plots; rerunning with the same workdir resumes).
 Multi-process runs start every process with the same flags plus, on GPU clusters,
 `--coordinator_address`, `--num_processes` and `--process_id` (TPU VMs detect these).
+
+Exit status: 0 when the run finished, or stopped on SIGTERM after saving a checkpoint
+(rerun the same command to resume); 130 on SIGINT (after saving likewise); 1 on an error,
+whose traceback is followed by one last line `da3po_jax: error: ...` naming the problem.
+The process ends right after that line, whatever threads a library left running.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -46,10 +54,79 @@ def main(argv: list[str]) -> None:
     from da3po_jax.parallel import initialize  # after flag parsing: keeps --help fast
     from da3po_jax.train import train
 
-    initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    def run() -> None:
+        initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        train(_CONFIG.value, _WORKDIR.value)
 
-    train(_CONFIG.value, _WORKDIR.value)
+    code = run_reporting_errors(run)
+    if code is not None:
+        _exit(code)
+
+
+def run_reporting_errors(fn) -> int | None:
+    """Runs `fn()`; None when it returns, else the exit status for how it stopped, with
+    the reason as the last line on stderr."""
+    from da3po_jax.train.signals import Preempted
+
+    try:
+        fn()
+    except Preempted as e:
+        logging.getLogger("da3po_jax").warning("%s; rerun the same command to resume", e)
+        print(f"da3po_jax: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("da3po_jax: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every error ends the same way
+        traceback.print_exc()
+        print(f"da3po_jax: error: {describe_error(e)}", file=sys.stderr)
+        return 1
+    return None
+
+
+def describe_error(e: BaseException) -> str:
+    """One line naming the error; an OSError behind it (e.g. `No space left on device`)
+    is added when the error raised is another one."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    cause, seen = e.__cause__ or e.__context__, {id(e)}
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and not isinstance(e, OSError):
+            text += f" (caused by {type(cause).__name__}: {' '.join(str(cause).split())})"
+            break
+        cause = cause.__cause__ or cause.__context__
+    return text
+
+
+def _exit(code: int) -> None:
+    """Flushes logs and streams, then ends the process at once: a library thread still
+    running (e.g. a checkpoint writer after a failed save) must not keep it alive."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, except that an override of a config field that does not exist
+    (which ml_collections reports as a bare `AttributeError: "'name'"`) is named."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"FATAL Flags parsing error: {e} (see --helpshort)", file=sys.stderr)
+        sys.exit(1)
+    except (AttributeError, KeyError) as e:
+        key = str(e).strip("\"'")
+        overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
+        named = [a for a in overrides if key in a.removeprefix("--config.").split(".")]
+        where = named[0] if named else ", ".join(overrides) or "a --config override"
+        print(
+            f"da3po_jax: error: {where} names no config field ({key!r} does not exist; "
+            "overrides must name fields of the config file)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

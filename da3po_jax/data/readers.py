@@ -385,12 +385,30 @@ def _import_pyarrow_parquet():
 
 
 def _parquet_rows(path: str, batch_size: int) -> Iterator[tuple[int, int, Any]]:
+    """(0-based row index twice, row) of a Parquet file.
+
+    Raises:
+      ValueError: naming `path` when it is not a readable, complete Parquet file (bad
+        magic bytes, a truncated footer or data page), instead of pyarrow's bare error.
+    """
     pq = _import_pyarrow_parquet()
+    import pyarrow as pa
+
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
-        for row in batch.to_pylist():
-            yield index, index, row
-            index += 1
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size)
+        for batch in batches:
+            rows = batch.to_pylist()
+            for row in rows:
+                yield index, index, row
+                index += 1
+    except (pa.ArrowException, OSError) as e:
+        where = f" (after {index} rows)" if index else ""
+        detail = " ".join(str(e).split()).rstrip(".:")  # pyarrow messages span lines
+        raise ValueError(
+            f"{path}: not a valid or complete Parquet file{where} ({type(e).__name__}: "
+            f"{detail}); the file looks truncated or corrupt"
+        ) from e
 
 
 def read_parquet(

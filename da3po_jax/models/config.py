@@ -129,20 +129,35 @@ class ModelConfig:
                 f"{sorted(SUPPORTED_MODEL_TYPES)}"
             )
         try:
-            heads = hf["num_attention_heads"]
-            hidden = hf["hidden_size"]
+            heads = _positive_int(hf, "num_attention_heads")
+            hidden = _positive_int(hf, "hidden_size")
             fields = dict(
                 model_type=model_type,
-                vocab_size=hf["vocab_size"],
+                vocab_size=_positive_int(hf, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=hf["intermediate_size"],
-                num_layers=hf["num_hidden_layers"],
+                intermediate_size=_positive_int(hf, "intermediate_size"),
+                num_layers=_positive_int(hf, "num_hidden_layers"),
                 num_heads=heads,
-                num_kv_heads=hf.get("num_key_value_heads") or heads,
-                head_dim=hf.get("head_dim") or hidden // heads,
+                num_kv_heads=_positive_int(hf, "num_key_value_heads", optional=True) or heads,
+                head_dim=_positive_int(hf, "head_dim", optional=True) or hidden // heads,
             )
         except KeyError as e:
             raise ValueError(f"config.json is missing the field {e.args[0]!r}") from None
+        for key in ("rms_norm_eps", "rope_theta", "max_position_embeddings"):
+            value = hf.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            ):
+                raise ValueError(
+                    f"config.json field {key!r} must be a positive number, got {value!r}"
+                )
+        for key in ("bos_token_id", "eos_token_id"):
+            value = hf.get(key)
+            ids = value if isinstance(value, list) else [value]
+            if value is not None and not all(_is_int(i) and i >= 0 for i in ids):
+                raise ValueError(
+                    f"config.json field {key!r} must be a token id or a list of them, got {value!r}"
+                )
         if hf.get("use_sliding_window"):
             raise ValueError("config.json sets use_sliding_window=true, which is not supported")
         theta, scaling = _read_rope(hf)
@@ -165,11 +180,34 @@ class ModelConfig:
 
     @classmethod
     def from_hf_folder(cls, path: str, **overrides: Any) -> ModelConfig:
+        """Reads `<path>/config.json`.
+
+        Raises:
+          FileNotFoundError: no config.json in `path`.
+          ValueError: naming the file when it is not valid JSON, not an object, or has a
+            missing / mistyped / unsupported field.
+        """
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"no config.json in model folder {path!r}")
-        with open(cfg_path) as f:
-            return cls.from_hf_dict(json.load(f), **overrides)
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"model config {cfg_path} is not valid JSON "
+                f"(line {e.lineno} column {e.colno}: {e.msg})"
+            ) from e
+        except UnicodeDecodeError as e:
+            raise ValueError(f"model config {cfg_path} is not UTF-8 text ({e})") from e
+        if not isinstance(hf, dict):
+            raise ValueError(
+                f"model config {cfg_path} holds a JSON {type(hf).__name__}, expected an object"
+            )
+        try:
+            return cls.from_hf_dict(hf, **overrides)
+        except ValueError as e:
+            raise ValueError(f"model config {cfg_path}: {e}") from e
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The `config.json` dictionary that `transformers` (v4 and v5) reads back."""
@@ -210,12 +248,39 @@ class ModelConfig:
         return hf
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_int(hf: dict[str, Any], key: str, optional: bool = False) -> int | None:
+    """`hf[key]` checked to be a positive integer (KeyError when absent and required; None
+    when absent or null and `optional`). Integral floats (`64.0`) are accepted."""
+    value = hf.get(key) if optional else hf[key]
+    if value is None and optional:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"config.json field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
 def _read_rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     """Reads theta and scaling from a top-level `rope_theta`/`rope_scaling` (transformers 4)
     or from `rope_parameters` (transformers 5); the latter wins when both are present."""
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    params: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = hf.get(key) or {}
+        if not isinstance(value, dict):
+            raise ValueError(f"config.json field {key!r} must be an object, got {value!r}")
+        params.update(value)
+    try:
+        theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"config.json rope_theta must be a number, got "
+            f"{params.get('rope_theta', hf.get('rope_theta'))!r}"
+        ) from None
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type in (None, "default"):
         return theta, None
@@ -230,4 +295,6 @@ def _read_rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         )
     except KeyError as e:
         raise ValueError(f"llama3 rope scaling is missing {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"llama3 rope scaling has a non-numeric parameter ({e})") from None
     return theta, scaling

@@ -137,14 +137,21 @@ def _open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
     if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = _read_weight_map(index)
         files: dict[str, SafetensorsFile] = {}
         for fname in sorted(set(weight_map.values())):
             fpath = os.path.join(path, fname)
             if not os.path.isfile(fpath):
                 raise FileNotFoundError(f"{index} lists {fname!r}, which is missing from {path!r}")
             files[fname] = SafetensorsFile(fpath)
+        held = {fname: set(st.keys()) for fname, st in files.items()}
+        absent = sorted(name for name, fname in weight_map.items() if name not in held[fname])
+        if absent:
+            raise ValueError(
+                f"{index} maps tensors to shards that do not hold them: "
+                + ", ".join(f"{n!r} -> {weight_map[n]!r}" for n in absent[:5])
+                + (f" (and {len(absent) - 5} more)" if len(absent) > 5 else "")
+            )
         return {name: files[fname] for name, fname in weight_map.items()}
     if os.path.isfile(single):
         st = SafetensorsFile(single)
@@ -154,7 +161,48 @@ def _open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
     )
 
 
-def _check_names(table: list[_Entry], tensors: dict[str, SafetensorsFile], cfg: ModelConfig):
+def _read_weight_map(index: str) -> dict[str, str]:
+    """The `weight_map` of a sharded checkpoint's index file, validated.
+
+    Raises:
+      ValueError: naming `index` when it is not JSON or has no {tensor: file} weight_map.
+    """
+    try:
+        with open(index, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"checkpoint index {index} is not valid JSON ({e})") from e
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise ValueError(
+            f"checkpoint index {index} has no valid 'weight_map' (expected an object "
+            "mapping tensor names to safetensors file names)"
+        )
+    return weight_map
+
+
+def _count_nonfinite(arr: np.ndarray, chunk: int = 1 << 24) -> int:
+    """NaN/Inf entries of a float array, scanned in chunks so that the temporary mask stays
+    small next to the tensor; 0 for integer and bool arrays."""
+    if arr.dtype.kind in "biu":
+        return 0
+    flat = arr.reshape(-1)
+    bad = 0
+    for i in range(0, flat.size, chunk):
+        ok = np.isfinite(flat[i : i + chunk])
+        if not ok.all():
+            bad += int(ok.size - np.count_nonzero(ok))
+    return bad
+
+
+def _check_names(
+    table: list[_Entry],
+    tensors: dict[str, SafetensorsFile],
+    cfg: ModelConfig,
+    path: str | None = None,
+):
     expected = {e.hf_name for e in table}
     missing = sorted(expected - set(tensors))
     unexpected = sorted(
@@ -169,8 +217,9 @@ def _check_names(table: list[_Entry], tensors: dict[str, SafetensorsFile], cfg: 
     if unexpected:
         problems.append(f"unexpected tensors: {unexpected}")
     if problems:
+        where = f" in model folder {path!r}" if path is not None else ""
         raise ValueError(
-            f"checkpoint does not match a {cfg.model_type} model: " + "; ".join(problems)
+            f"checkpoint{where} does not match a {cfg.model_type} model: " + "; ".join(problems)
         )
 
 
@@ -200,12 +249,14 @@ def load_model(
 
     Raises:
       FileNotFoundError: no config.json or no weights.
-      ValueError: unknown model_type, missing/unexpected tensors or a wrong shape (named).
+      ValueError: a config.json that is not JSON or lacks a field, an unknown model_type,
+        a truncated/corrupt safetensors file (`SafetensorsError`), missing/unexpected
+        tensors, a wrong shape, or a tensor holding NaN/Inf (each named).
     """
     cfg = ModelConfig.from_hf_folder(path, **config_overrides)
     table = param_table(cfg)
     tensors = _open_checkpoint(path)
-    _check_names(table, tensors, cfg)
+    _check_names(table, tensors, cfg, path)
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -218,10 +269,27 @@ def load_model(
         expected_hf = entry.to_hf(np.empty(want.shape, np.bool_)).shape
         if tuple(got_hf) != tuple(expected_hf):
             raise ValueError(
-                f"tensor {entry.hf_name!r} has shape {tuple(got_hf)}, "
+                f"model folder {path!r}: tensor {entry.hf_name!r} has shape {tuple(got_hf)}, "
                 f"expected {tuple(expected_hf)} for this config.json"
             )
-        arr = np.asarray(entry.to_jax(src.get(entry.hf_name)), dtype=want.dtype)
+        raw = src.get(entry.hf_name)
+        bad = _count_nonfinite(raw)
+        if bad:
+            raise ValueError(
+                f"model folder {path!r}: tensor {entry.hf_name} has {bad} non-finite values "
+                f"(NaN/Inf) in {os.path.basename(src.path)}; the checkpoint is corrupt or "
+                "diverged, refusing to load it"
+            )
+        with np.errstate(over="ignore"):  # an overflowing cast is reported just below
+            arr = np.asarray(entry.to_jax(raw), dtype=want.dtype)
+        narrower = arr.dtype.itemsize < raw.dtype.itemsize or (
+            arr.dtype == np.float16 and raw.dtype != np.float16
+        )  # a cast that can overflow finite values to Inf
+        if narrower and (bad := _count_nonfinite(arr)):
+            raise ValueError(
+                f"model folder {path!r}: tensor {entry.hf_name} has {bad} values that overflow "
+                f"to Inf when cast from {raw.dtype} to param_dtype={cfg.param_dtype}"
+            )
         var.set_value(_place(arr, entry.path, sharding))
         del arr
         if progress is not None:
@@ -250,35 +318,48 @@ def save_model(
     Writes into a temporary sibling folder and renames it into place, so a crash never
     leaves a half-written export; an existing non-empty `out_dir` is an error unless
     `overwrite`, in which case it is replaced only after the new one is complete.
+    Leftovers of an export killed midway (its temporary folder, or `<out_dir>.old` moved
+    aside just before the final rename) are removed first; when the kill left only
+    `<out_dir>.old`, that previous export stays there until the new one is in place.
     """
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir!r} exists and is not empty (pass overwrite=True)")
     cfg = model.cfg
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    parent = os.path.dirname(out_dir)
+    parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    old = out_dir + ".old"
+    _remove_leftovers(parent, name, old if os.path.exists(out_dir) else None)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.export-", dir=parent)
     try:
         _write_weights(tmp, param_table(cfg), flat, max_shard_bytes)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(cfg.to_hf_dict(), f, indent=2)
         if tokenizer_dir is not None:
-            for name in TOKENIZER_FILES:
-                src = os.path.join(tokenizer_dir, name)
+            for fname in TOKENIZER_FILES:
+                src = os.path.join(tokenizer_dir, fname)
                 if os.path.isfile(src):
-                    shutil.copy2(src, os.path.join(tmp, name))
+                    shutil.copy2(src, os.path.join(tmp, fname))
         if os.path.exists(out_dir):
-            old = out_dir + ".old"
             os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
+        os.replace(tmp, out_dir)
+        if os.path.exists(old):
             shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _remove_leftovers(parent: str, name: str, stale_old: str | None) -> None:
+    """Deletes the temporary folders of earlier, interrupted exports of `name` and (when
+    `out_dir` itself exists) the `.old` copy such an export had moved aside."""
+    for entry in os.listdir(parent):
+        if entry.startswith(f".{name}.export-"):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+    if stale_old is not None and os.path.exists(stale_old):
+        shutil.rmtree(stale_old)
 
 
 def _write_weights(folder: str, table: list[_Entry], flat: dict, max_shard_bytes: int):

@@ -31,6 +31,15 @@ if _drop_no_torch_notice not in logging.getLogger("transformers").filters:
     logging.getLogger("transformers").addFilter(_drop_no_torch_notice)
 
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# JSON files a tokenizer folder may hold; checked to name the culprit when loading fails.
+_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "generation_config.json",
+)
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>")
 _PAD_CANDIDATES = ("<|endoftext|>", "<|finetune_right_pad_id|>", "<|end_of_text|>")
 
@@ -40,6 +49,33 @@ QWEN_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+class TokenizerLoadError(ValueError):
+    """A tokenizer folder whose files cannot be loaded (truncated / corrupt / invalid); the
+    message names the folder and, when one is at fault, the file."""
+
+
+def _read_json(path: str, what: str):
+    """`path` parsed as JSON, or `TokenizerLoadError` naming it and where it breaks."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise TokenizerLoadError(
+            f"{what} {path} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); "
+            "the file looks truncated or corrupt"
+        ) from e
+    except UnicodeDecodeError as e:
+        raise TokenizerLoadError(f"{what} {path} is not UTF-8 text ({e})") from e
+
+
+def _check_json_files(path: str) -> None:
+    """Raises `TokenizerLoadError` for the first unparsable JSON file of folder `path`."""
+    for name in _JSON_FILES:
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            _read_json(file, "tokenizer file")
 
 
 class Tokenizer:
@@ -68,7 +104,13 @@ class Tokenizer:
             )
         from transformers import AutoTokenizer
 
-        hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:  # tokenizers / transformers raise many types (even Exception)
+            _check_json_files(path)  # names the broken file when there is one
+            raise TokenizerLoadError(
+                f"cannot load the tokenizer in folder {path!r}: {type(e).__name__}: {e}"
+            ) from e
         hf.padding_side = "left"
         eos_ids = _resolve_eos_ids(hf, path)
         if not eos_ids:
@@ -139,8 +181,19 @@ def _resolve_eos_ids(hf, path: str) -> list[int]:
     add(hf.eos_token_id)
     gen_cfg = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_cfg):
-        with open(gen_cfg) as f:
-            add(json.load(f).get("eos_token_id"))
+        doc = _read_json(gen_cfg, "generation config")
+        if not isinstance(doc, dict):
+            raise TokenizerLoadError(
+                f"generation config {gen_cfg} holds a JSON {type(doc).__name__}, expected an object"
+            )
+        value = doc.get("eos_token_id")
+        values = value if isinstance(value, list) else [value]
+        if not all(i is None or (isinstance(i, int) and not isinstance(i, bool)) for i in values):
+            raise TokenizerLoadError(
+                f"generation config {gen_cfg}: eos_token_id must be a token id or a list of "
+                f"them, got {value!r}"
+            )
+        add(value)
     for token in _STOP_TOKENS:
         add(_special_id(hf, token))
     return ids

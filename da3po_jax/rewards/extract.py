@@ -11,7 +11,9 @@ If the last box is malformed (unbalanced braces) it is *not* replaced by an earl
 earlier box may be an answer the model later retracted, so the response has no answer.
 
 Every function here is a single left-to-right scan or a regex without nested quantifiers, so
-the cost is linear in the response length (a 1 MB adversarial response takes milliseconds).
+the cost is linear in the response length (a 1 MB adversarial response takes milliseconds to
+a few tenths of a second). With `extract_answer(text, max_chars=...)` (what the scorer uses)
+the brace scan of a box also stops after `max_chars` characters, and a longer answer is none.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # `answer` as a word followed by a colon. No nested quantifiers: linear time.
 _ANSWER_RE = re.compile(r"\banswer[ \t]*:", re.IGNORECASE)
 _MARKDOWN_CHARS = "*_ \t"
+_BLANKS_RE = re.compile(r"[ \t]*")
+_BARE_ARGUMENT_RE = re.compile(r"[^ \t\n$]*")
+_ANSWER_LEAD_RE = re.compile(r"[\s*_]*")  # whitespace (as `str.isspace`) and markdown
 
 
-def find_closing_brace(text: str, open_index: int) -> int | None:
+def find_closing_brace(text: str, open_index: int, max_len: int | None = None) -> int | None:
     """Returns the index of the `}` matching the `{` at `open_index`, or None if unbalanced.
 
     Escaped braces `\\{` and `\\}` (LaTeX set braces) are literal characters and do not
@@ -35,13 +40,15 @@ def find_closing_brace(text: str, open_index: int) -> int | None:
     Args:
       text: the string to scan.
       open_index: index of an opening `{` in `text`.
+      max_len: if given, scan at most this many characters after the `{`: a group whose
+        content is longer counts as never closing (bounds the scan of untrusted text).
 
     Returns:
       The index of the matching closing brace, or None if the group never closes.
     """
     depth = 0
     i = open_index
-    n = len(text)
+    n = len(text) if max_len is None else min(len(text), open_index + 2 + max(0, max_len))
     while i < n:
         c = text[i]
         if c == "\\":
@@ -73,22 +80,21 @@ def _last_box_start(text: str) -> tuple[int, int] | None:
     return best
 
 
-def _box_content(text: str, after: int) -> str | None:
-    """Content of a box whose command name ends at `after`, or None if malformed/empty."""
-    i = after
-    while i < len(text) and text[i] in " \t":
-        i += 1
+def _box_content(text: str, after: int, max_chars: int | None = None) -> str | None:
+    """Content of a box whose command name ends at `after`, or None if malformed/empty.
+
+    With `max_chars`, a braced content longer than that (before stripping) is not scanned
+    past and counts as malformed.
+    """
+    i = _BLANKS_RE.match(text, after).end()
     if i < len(text) and text[i] == "{":
-        close = find_closing_brace(text, i)
+        close = find_closing_brace(text, i, max_chars)
         if close is None:
             return None
         content = text[i + 1 : close].strip()
     elif i > after:
         # `\boxed 5` (no braces): the argument runs up to whitespace or a `$`.
-        j = i
-        while j < len(text) and text[j] not in " \t\n$":
-            j += 1
-        content = text[i:j]
+        content = _BARE_ARGUMENT_RE.match(text, i).group()
     else:
         return None
     return content or None
@@ -143,35 +149,40 @@ def extract_answer_line(text: str) -> str | None:
     return _answer_from_match(text, m)
 
 
-def _answer_from_match(text: str, m: re.Match[str]) -> str | None:
-    start = m.end()
-    n = len(text)
-    while start < n and (text[start].isspace() or text[start] in _MARKDOWN_CHARS):
-        start += 1
+def _answer_from_match(text: str, m: re.Match[str], max_chars: int | None = None) -> str | None:
+    start = _ANSWER_LEAD_RE.match(text, m.end()).end()
     stop = text.find("\n", start)
-    line = text[start : n if stop < 0 else stop]
-    if _last_box_start(line) is not None:
-        return extract_boxed(line)
+    line = text[start : len(text) if stop < 0 else stop]
+    box = _last_box_start(line)
+    if box is not None:
+        return _box_content(line, box[1], max_chars)
     line = _clean_line(line)
     return line or None
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, max_chars: int | None = None) -> str | None:
     """Returns the model's final answer: whichever of `Answer:` line and box comes last.
 
     Args:
       text: a model response.
+      max_chars: if given, an answer longer than this counts as no answer (None), and a
+        box's braces are scanned at most this far (a box whose content is longer before
+        stripping is treated as malformed), so no answer over the cap reaches any parsing.
 
     Returns:
       The extracted answer string (not normalised), or None if the response states no
-      well-formed answer.
+      well-formed answer (or, with `max_chars`, only one past the cap).
     """
     if not isinstance(text, str) or not text:
         return None
     box = _last_box_start(text)
     line = _answer_line_match(text)
     if line is not None and (box is None or line.start() > box[0]):
-        return _answer_from_match(text, line)
-    if box is not None:  # also covers a box on the `Answer:` line itself
-        return _box_content(text, box[1])
-    return None
+        answer = _answer_from_match(text, line, max_chars)
+    elif box is not None:  # also covers a box on the `Answer:` line itself
+        answer = _box_content(text, box[1], max_chars)
+    else:
+        return None
+    if answer is not None and max_chars is not None and len(answer) > max_chars:
+        return None
+    return answer

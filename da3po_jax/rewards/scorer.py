@@ -3,12 +3,31 @@
 `RewardScorer.score_batch(responses, references)` extracts each response's final answer
 (`extract_answer`), then decides equivalence with the reference:
 
+* a response longer than `MAX_RESPONSE_CHARS`, or whose answer is longer than
+  `MAX_ANSWER_CHARS`, scores `incorrect_reward` with status "no_answer" (no usable answer)
+  before any parsing;
 * in the parent process, with the cheap bounded stages (`fast_verdict`: normalised string
   match, exact numbers, rational arithmetic): most answers are decided here without IPC;
 * otherwise in a worker process running the full check with sympy (`is_equivalent`), under
   a hard timeout: a worker that runs past `timeout_s` is killed (SIGKILL) and replaced, and
   its response scores `incorrect_reward` with status "timeout". A worker that crashes scores
   status "error". Identical (answer, reference) pairs in a batch are checked once.
+
+What bounds the work on model output. The parent process has no timeout (it runs JAX and
+cannot interrupt itself), so everything it does with a response is linear in bounded sizes:
+
+* extraction (`extract_answer`) is a few left-to-right scans, most at C speed (`rfind`,
+  regexes without nested quantifiers), over at most `MAX_RESPONSE_CHARS` characters; the
+  brace scan of a box stops after `MAX_ANSWER_CHARS` characters;
+* normalisation and `fast_verdict` only ever see an answer of at most `MAX_ANSWER_CHARS`
+  characters, and every step of them is linear (brace matching in one pass with a stack,
+  text groups unwrapped in one pass) or capped further (the parser at `latex.MAX_CHARS`,
+  numbers at `numeric.MAX_DIGITS`, tuples at `verify.MAX_SEQUENCE_CHARS`); so an answer costs
+  at most a few milliseconds in the parent, whatever it contains;
+* sympy (`is_equivalent`, which also repeats the normalisation) runs only in the workers,
+  under the hard `timeout_s` limit. A custom `verify_fn` also runs only there.
+
+References are trusted data and are not capped (their normalisation is linear too).
 
 Why processes that we manage ourselves, not `concurrent.futures.ProcessPoolExecutor`: an
 executor cannot cancel a running task, so one hung `sympy.simplify` would hold a worker
@@ -39,9 +58,23 @@ from typing import Any
 from da3po_jax.rewards.extract import extract_answer
 from da3po_jax.rewards.verify import fast_verdict, is_equivalent
 
-__all__ = ["STATUSES", "BatchScores", "RewardScorer", "ScoreResult", "score_batch"]
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MAX_RESPONSE_CHARS",
+    "STATUSES",
+    "BatchScores",
+    "RewardScorer",
+    "ScoreResult",
+    "score_batch",
+]
 
 STATUSES = ("ok", "no_answer", "timeout", "error")
+# A longer extracted answer is no answer ("no_answer"): real final answers are far shorter,
+# and every string stage past this size (parser, numbers, tuples) gives up anyway.
+MAX_ANSWER_CHARS = 4_096
+# A longer response is not scanned at all ("no_answer"): about 500k tokens, far beyond any
+# generation budget; extraction of this much text takes well under a second.
+MAX_RESPONSE_CHARS = 2_000_000
 VerifyFn = Callable[[str, str], bool]
 _Task = tuple[int, str, str]  # (task id, extracted answer, reference)
 
@@ -53,8 +86,10 @@ class ScoreResult:
     Attributes:
       correct: whether the extracted answer is equivalent to the reference.
       reward: `correct_reward` if correct else `incorrect_reward`.
-      extracted: the extracted final answer, or None if there is none.
-      status: "ok" (verification finished), "no_answer" (nothing extracted), "timeout"
+      extracted: the extracted final answer, or None if there is none (or it is past the
+        size caps).
+      status: "ok" (verification finished), "no_answer" (nothing extracted, or the response
+        or its answer is past `MAX_RESPONSE_CHARS` / `MAX_ANSWER_CHARS`), "timeout"
         (verification ran past the time limit) or "error" (verification crashed).
     """
 
@@ -324,6 +359,13 @@ class RewardScorer:
         """Scores one response; see `score_batch`."""
         return self.score_batch([response], [reference]).results[0]
 
+    @staticmethod
+    def _extract(response: Any) -> str | None:
+        """The response's answer, or None if there is none or it is past the size caps."""
+        if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
+            return None
+        return extract_answer(response, max_chars=MAX_ANSWER_CHARS)
+
     def _decide_fast(self, answer: str, reference: str) -> tuple[str, bool] | None:
         if self.verify_fn is not None:
             return None
@@ -337,7 +379,9 @@ class RewardScorer:
         """Scores `responses[i]` against `references[i]` for every i.
 
         Args:
-          responses: model responses (full text; the final answer is extracted here).
+          responses: model responses (full text; the final answer is extracted here). A
+            response over `MAX_RESPONSE_CHARS` characters, or with an answer over
+            `MAX_ANSWER_CHARS`, scores as "no_answer".
           references: reference answers (bare answers such as `\\frac{1}{2}`; a whole-answer
             `\\boxed{}` is unwrapped).
 
@@ -353,7 +397,7 @@ class RewardScorer:
         for ref in references:
             if not isinstance(ref, str):
                 raise TypeError(f"references must be strings, got {type(ref).__name__}")
-        answers = [extract_answer(r) if isinstance(r, str) else None for r in responses]
+        answers = [self._extract(r) for r in responses]
         decided: dict[tuple[str, str], tuple[str, bool]] = {}
         tasks: list[_Task] = []
         for answer, ref in zip(answers, references):

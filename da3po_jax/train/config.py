@@ -8,11 +8,15 @@ allowed) and returns an immutable config; training code never mutates it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 from ml_collections import config_dict
 
+from da3po_jax.data.prompts import get_template
+from da3po_jax.data.readers import ANSWER_MODES
+from da3po_jax.models.presets import PRESETS
 from da3po_jax.rl import (
     AGG_MODES,
     AdvantageConfig,
@@ -64,24 +68,38 @@ def _choice(*allowed) -> Callable[[Any], str | None]:
 
 
 def _positive(v) -> str | None:
-    return None if v > 0 else "must be > 0"
+    return None if v > 0 and math.isfinite(v) else "must be > 0 (and finite)"
 
 
 def _non_negative(v) -> str | None:
-    return None if v >= 0 else "must be >= 0"
+    return None if v >= 0 and math.isfinite(v) else "must be >= 0 (and finite)"
 
 
 def _unit(v) -> str | None:
     return None if 0 <= v <= 1 else "must be in [0, 1]"
 
 
+def _at_least_one(v) -> str | None:
+    return None if v >= 1 else "must be >= 1"
+
+
+def _adam_beta(v) -> str | None:  # 1 zeroes Adam's bias correction (division by 0)
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "algo": _choice(*ALGORITHMS),
     "stage": _choice("rl", "sft"),
+    "seed": _non_negative,
     "model.param_dtype": _choice("float32", "bfloat16"),
     "model.dtype": _choice("float32", "bfloat16"),
     "model.logits_chunk": _positive,
+    "tokenizer.vocab_size": _positive,
     "data.source": _choice("synthetic", "jsonl", "parquet", "tfds"),
+    "data.answer_mode": _choice(*ANSWER_MODES),
+    "data.synthetic_train": _non_negative,
+    "data.synthetic_eval": _non_negative,
+    "data.synthetic_sft": _non_negative,
     "rollout.prompts_per_round": _positive,
     "rollout.group_size": lambda v: None if v >= 2 else "must be >= 2 (group advantages)",
     "rollout.max_new_tokens": _positive,
@@ -96,15 +114,20 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rl.num_iterations": _positive,
     "adv.norm": _choice("std", "none"),
     "adv.std_ddof": _choice(0, 1),
+    "adv.eps": _non_negative,
     "ds.metric": _choice("acc", "reward"),
     "ds.max_rounds": _positive,
     "daa.estimator": _choice("power", "bayes", "history"),
-    "daa.tau": lambda v: None if 0 < v < 1 else "must be in (0, 1)",
+    # tau = 1 is allowed: every mixed group is hard (`power` uses odds(min(tau, 1 - 1e-6)))
+    "daa.tau": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
+    "daa.beta": _positive,
     "daa.lambda_max": lambda v: None if v >= 1 else "must be >= 1",
+    "daa.gamma": _positive,
     "daa.prior_ema": _unit,
     "daa.history_decay": _unit,
     "daa.apply_to": _choice("correct", "both"),
     "overlong.buffer": _non_negative,
+    "overlong.penalty": _non_negative,
     "loss.eps_low": lambda v: None if 0 <= v < 1 else "must be in [0, 1)",
     "loss.eps_high": _non_negative,
     "loss.clip_ratio_c": lambda v: None if v > 1 else "must be > 1",
@@ -112,6 +135,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "loss.agg": _choice(*AGG_MODES),
     "loss.kl_coef": _non_negative,
     "loss.kl_estimator": _choice("k1", "k3"),
+    "teacher.sft_steps": _non_negative,
+    "teacher.sft_stop_acc": _unit,
     "opd.coef": _positive,
     "opd.gamma": _unit,
     "ra_opd.delta": _non_negative,
@@ -121,15 +146,29 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "optim.lr": _positive,
     "optim.warmup_steps": _non_negative,
     "optim.schedule": _choice("constant", "cosine"),
+    "optim.weight_decay": _non_negative,
+    "optim.b1": _adam_beta,
+    "optim.b2": _adam_beta,
     "optim.grad_clip": _non_negative,
     "train.steps": _non_negative,
     "train.eval_every": _non_negative,
     "train.checkpoint_every": _non_negative,
+    "train.keep_checkpoints": _at_least_one,
+    "train.max_nonfinite_steps": _non_negative,
     "eval.num_samples": _positive,
+    "eval.temperature": _non_negative,
+    "eval.top_p": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
     "eval.max_prompts": _non_negative,
+    "eval.max_new_tokens": _non_negative,
+    "eval.prompts_per_call": _at_least_one,
     "sft.steps": _non_negative,
     "sft.batch_size": _positive,
+    "sft.lr": _positive,
+    "sft.warmup_steps": _non_negative,
     "sft.max_len": _positive,
+    "sft.stop_acc": _unit,
+    "sft.check_every": _non_negative,
+    "sft.check_prompts": _at_least_one,
 }
 
 
@@ -201,9 +240,49 @@ def _check_relations(cfg) -> None:
         raise ValueError(f"config.data.train_path is required for data.source={cfg.data.source!r}")
     if cfg.algo in DISTILLATION:
         _check_distillation(cfg)
-    if len(tuple(cfg.mesh.shape)) != 3:
+    shape = tuple(cfg.mesh.shape)
+    if len(shape) != 3:
+        raise ValueError(f"config.mesh.shape={shape} must have 3 entries (data, fsdp, tensor)")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
         raise ValueError(
-            f"config.mesh.shape={tuple(cfg.mesh.shape)} must have 3 entries (data, fsdp, tensor)"
+            f"config.mesh.shape={shape}: entries must be positive, with at most one -1"
+        )
+    _check_data_and_models(cfg)
+
+
+def _check_data_and_models(cfg) -> None:
+    """Fields whose allowed values live in other modules (templates, presets) or depend
+    on other fields (buckets, synthetic split sizes, rewards)."""
+    buckets = tuple(cfg.rollout.prompt_buckets)
+    if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
+        raise ValueError(
+            f"config.rollout.prompt_buckets={buckets!r} must be a non-empty list of "
+            "positive token lengths"
+        )
+    try:
+        get_template(cfg.data.template)
+    except ValueError as e:
+        raise ValueError(f"config.data.template: {e}") from None
+    if cfg.data.source == "synthetic":
+        if cfg.stage == "rl" and cfg.data.synthetic_train < 1:
+            raise ValueError(
+                f"config.data.synthetic_train={cfg.data.synthetic_train} must be >= 1 "
+                "for stage='rl' (the RL prompts)"
+            )
+        if cfg.stage == "sft" and cfg.data.synthetic_sft < 1:
+            raise ValueError(
+                f"config.data.synthetic_sft={cfg.data.synthetic_sft} must be >= 1 "
+                "for stage='sft' (the SFT examples)"
+            )
+    if not cfg.model.path and cfg.model.preset.lower() not in PRESETS:
+        raise ValueError(
+            f"config.model.preset={cfg.model.preset!r} must be one of {sorted(PRESETS)} "
+            "(or set config.model.path)"
+        )
+    if not cfg.reward.correct > cfg.reward.incorrect:
+        raise ValueError(
+            f"config.reward.correct={cfg.reward.correct!r} must be > "
+            f"config.reward.incorrect={cfg.reward.incorrect!r} (else there is nothing to learn)"
         )
 
 
@@ -229,6 +308,10 @@ def _check_distillation(cfg) -> None:
         raise ValueError(
             f"config.daa.enable=True with algo={cfg.algo!r} needs config.opd.with_outcome=True "
             "(DAA amplifies the outcome advantage, which OPD otherwise does not use)"
+        )
+    if cfg.teacher.preset and cfg.teacher.preset.lower() not in PRESETS:
+        raise ValueError(
+            f"config.teacher.preset={cfg.teacher.preset!r} must be one of {sorted(PRESETS)}"
         )
 
 

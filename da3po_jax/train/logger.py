@@ -6,12 +6,15 @@ Only process 0 writes; other hosts get a logger that does nothing.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def _scalar(v: Any) -> float | None:
@@ -34,30 +37,44 @@ class MetricsLogger:
         config: Mapping[str, Any] | None = None,
     ):
         self.enabled = enabled
+        self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb = self._wandb = None
-        if not enabled:
-            return
-        os.makedirs(workdir, exist_ok=True)
+        self._wandb_project, self._config = wandb_project, dict(config or {})
+        self._opened = False
+        if enabled and wandb_project:
+            import wandb  # noqa: F401  (an explicit request: a missing package is an error)
+
+    def _open(self) -> None:
+        """Starts the writers at the first row (nothing is written before)."""
+        self._opened = True
+        os.makedirs(self.workdir, exist_ok=True)
         from tensorboardX import SummaryWriter  # a runtime dependency (pyproject.toml)
 
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-        if wandb_project:
-            import wandb  # an explicit request: a missing package is an error
+        self._tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"))
+        if self._wandb_project:
+            import wandb
 
             self._wandb = wandb.init(
-                project=wandb_project,
-                dir=workdir,
-                config=dict(config or {}),
-                id=_wandb_run_id(workdir, wandb),
+                project=self._wandb_project,
+                dir=self.workdir,
+                config=self._config,
+                id=_wandb_run_id(self.workdir, wandb),
                 resume="allow",
             )
 
     def write(self, step: int, metrics: Mapping[str, Any], kind: str = "train") -> None:
         if not self.enabled:
             return
+        if not self._opened:
+            self._open()
         row = {"step": int(step), "kind": kind}
         row.update({k: _scalar(v) for k, v in metrics.items()})
+        bad = sorted(k for k, v in row.items() if v is None and k in metrics)
+        if bad:  # JSON has no NaN: written as null, and said so
+            log.warning(
+                "step %d: non-finite or non-numeric metrics %s (written as null)", step, bad
+            )
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         for k, v in row.items():
@@ -99,15 +116,40 @@ def _wandb_run_id(workdir: str, wandb) -> str:
     return run_id
 
 
+class MetricsFileError(ValueError):
+    """metrics.jsonl has a malformed row that is not the torn last line of a kill."""
+
+
 def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The rows of `path`. A torn final line (a process killed while writing it) is
+    dropped with a warning; a malformed row elsewhere is an error naming file and line."""
     if not os.path.isfile(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.read().split("\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    rows = []
+    for j, (lineno, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row (an object with an integer 'step')")
+        except ValueError as e:
+            if j == len(numbered) - 1:  # the row being written when the run was killed
+                log.warning("%s: dropping a torn last line %d (%s)", path, lineno, line[:80])
+                break
+            raise MetricsFileError(
+                f"{path}: line {lineno} is not a metrics row ({e}); fix or remove that line"
+            ) from e
+        rows.append(row)
+    return rows
 
 
 def truncate_metrics(path: str, last_step: int) -> None:
-    """Drops rows written after `last_step` (a resumed run rewrites them)."""
+    """Keeps the rows of steps up to `last_step` (a resumed run rewrites the later ones;
+    -1 keeps none) and drops a torn last line."""
+    if not os.path.exists(path):
+        return
     rows = [r for r in read_metrics(path) if r["step"] <= last_step]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

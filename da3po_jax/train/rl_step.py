@@ -260,7 +260,7 @@ def combine_metrics(metrics: dict[str, jax.Array], num_iterations: int) -> dict[
 
 def _mean_over_applied(x: jax.Array, applied: jax.Array) -> jax.Array:
     a = applied.astype(jnp.float32)
-    return (x * a).sum() / jnp.maximum(a.sum(), 1.0)
+    return jnp.where(applied, x, 0.0).sum() / jnp.maximum(a.sum(), 1.0)
 
 
 def rl_update(
@@ -292,7 +292,10 @@ def rl_update(
 
     A mini-batch without a valid token (e.g. the trailing slots when dynamic sampling
     stopped at its round cap short of a full batch) leaves parameters *and* optimizer
-    state unchanged: no momentum step, no weight decay, no schedule count.
+    state unchanged: no momentum step, no weight decay, no schedule count. So does a
+    mini-batch whose loss, gradient norm or update norm is not finite (counted in
+    `optim/nonfinite_updates`; the trainer stops after `train.max_nonfinite_steps` such
+    steps in a row).
 
     Returns:
       (new state, scalar metrics).
@@ -328,11 +331,16 @@ def rl_update(
         norm = loss_normalizer(mb["loss_mask"], cfg.loss.agg)
         grads, loss, mb_metrics = _microbatch_grads(graphdef, params, mb, cfg, norm)
         updates, new_opt_state = tx.update(grads, opt_state, params)
-        applied = norm > 0
+        grad_norm = optax.global_norm(grads)
+        finite = (
+            jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
+        )
+        nonfinite = (norm > 0) & ~finite
+        applied = (norm > 0) & ~nonfinite
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(applied, a, b), new, old)
         carry = (keep(optax.apply_updates(params, updates), params), keep(new_opt_state, opt_state))
-        scalars = {"loss/total": loss, "optim/grad_norm": optax.global_norm(grads)}
-        return carry, (mb_metrics, {**scalars, "optim/applied": applied})
+        scalars = {"loss/total": loss, "optim/grad_norm": grad_norm}
+        return carry, (mb_metrics, {**scalars, "optim/applied": applied, "_nonfinite": nonfinite})
 
     carry = (state.params, state.opt_state)
     micro, per_mb = [], []
@@ -345,8 +353,10 @@ def rl_update(
     metrics.update(combine_metrics(stack(micro), cfg.num_iterations))
     per_mb = stack(per_mb)  # [iterations, mini-batches]
     applied = per_mb.pop("optim/applied")
+    nonfinite = per_mb.pop("_nonfinite")
     metrics.update({k: _mean_over_applied(v, applied) for k, v in per_mb.items()})
     metrics["optim/updates"] = applied.sum(dtype=jnp.float32)
+    metrics["optim/nonfinite_updates"] = nonfinite.sum(dtype=jnp.float32)
     metrics["optim/skipped_updates"] = (~applied).sum(dtype=jnp.float32)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import jax
@@ -23,41 +26,102 @@ from da3po_jax.parallel import is_main_process, make_mesh, to_host
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.sampling import Sampler
 from da3po_jax.train import config as config_lib
+from da3po_jax.train.checkpoint import (
+    Checkpointer,
+    check_compatible,
+    check_directory,
+    tree_digest,
+)
 from da3po_jax.train.evaluation import evaluate
-from da3po_jax.train.logger import MetricsLogger, plot_curves
+from da3po_jax.train.logger import MetricsLogger, plot_curves, read_metrics
 from da3po_jax.train.rollout import PromptEncoder, Rollout
 from da3po_jax.train.setup import (
     generate_configs,
+    install_tokenizer,
     load_datasets,
     policy_model,
     prompt_renderer,
     tokenizer_for,
 )
 from da3po_jax.train.sft import build_sft_arrays, run_sft
+from da3po_jax.train.signals import StopRequest, stop_on_signals
 from da3po_jax.train.state import init_train_state, make_optimizer
 from da3po_jax.train.teacher import load_teacher
-from da3po_jax.train.trainer import RLTrainer
+from da3po_jax.train.trainer import NonFiniteTraining, RLTrainer, fingerprint
 
 log = logging.getLogger(__name__)
 
 
-def _log_to_file(workdir: str) -> None:
-    pid = jax.process_index()
-    handler = logging.FileHandler(os.path.join(workdir, f"log.{pid}.txt" if pid else "log.txt"))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ours = logging.getLogger("da3po_jax")
-    ours.addHandler(handler)
-    ours.setLevel(logging.INFO)
+class _PendingLogs(logging.handlers.MemoryHandler):
+    """The run's log records, held in memory until the run is accepted: nothing is written
+    into a workdir whose run is then refused. `accept` creates the workdir, moves the tiny
+    tokenizer in, writes config.json (atomically) and starts the log file with the
+    records so far; `close` detaches the handlers at the end of the run."""
+
+    def __init__(self):
+        super().__init__(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
+        self._file: logging.Handler | None = None
+        ours = logging.getLogger("da3po_jax")
+        ours.setLevel(logging.INFO)
+        ours.addHandler(self)
+
+    def shouldFlush(self, record) -> bool:
+        return self.target is not None and super().shouldFlush(record)
+
+    def accept(self, cfg, workdir: str, staging: str) -> None:
+        if self._file is not None:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        install_tokenizer(cfg, workdir, staging)
+        if is_main_process():
+            path = os.path.join(workdir, "config.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(cfg.to_dict(), f, indent=2, default=str)
+            os.replace(path + ".tmp", path)
+        pid = jax.process_index()
+        self._file = logging.FileHandler(
+            os.path.join(workdir, f"log.{pid}.txt" if pid else "log.txt")
+        )
+        self._file.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        ours = logging.getLogger("da3po_jax")
+        self.setTarget(self._file)
+        self.flush()
+        ours.removeHandler(self)
+        ours.addHandler(self._file)
+
+    def close(self) -> None:
+        ours = logging.getLogger("da3po_jax")
+        ours.removeHandler(self)
+        self.buffer.clear()
+        if self._file is not None:
+            ours.removeHandler(self._file)
+            self._file.close()
+        super().close()
 
 
 def sft_warm_start(
-    cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir: str, mesh, logs="sft_logs"
+    cfg,
+    workdir,
+    model,
+    tokenizer,
+    encoder,
+    data,
+    scorer,
+    out_dir: str,
+    mesh,
+    logs="sft_logs",
+    stop: StopRequest | None = None,
 ):
     """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present).
 
     With `sft.stop_acc > 0` the warm-up stops at the first check (every `sft.check_every`
     steps) where the policy's accuracy at the rollout temperature on `sft.check_prompts`
     RL-training prompts reaches it: RL then starts in the regime where it can learn.
+
+    The warm start is not checkpointed: on SIGTERM / SIGINT it stops after the current
+    step and raises `Preempted` (nothing is exported; a rerun starts it again).
     """
     arrays = build_sft_arrays(data.sft, tokenizer, encoder.render, cfg.sft.max_len)
     tx, _ = make_optimizer(
@@ -87,6 +151,7 @@ def sft_warm_start(
         check=check,
         check_every=cfg.sft.check_every,
         mesh=mesh,
+        stop=stop,
     )
     model = nnx.merge(graphdef, state.params)
     _export(model, out_dir, _tokenizer_dir(cfg, workdir))
@@ -120,6 +185,12 @@ def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, 
 def _export(model, out_dir: str, tokenizer_dir: str) -> None:
     """Writes `model` as a HF folder from process 0; with several processes every host
     takes part in gathering the sharded parameters first."""
+    _, nonfinite = tree_digest(nnx.state(model, nnx.Param))
+    bad = [f"{k} ({n} values)" for k, n in nonfinite.items() if n]
+    if bad:
+        raise NonFiniteTraining(
+            f"not exporting to {out_dir!r}: non-finite parameters in {', '.join(bad[:5])}"
+        )
     if jax.process_count() > 1:
         graphdef, params = nnx.split(model)
         model = nnx.merge(graphdef, jax.tree.map(to_host, params))
@@ -136,59 +207,129 @@ def _tokenizer_dir(cfg, workdir: str) -> str:
 def train(config, workdir: str) -> dict[str, Any]:
     """Runs the configured stage in `workdir` (created; resumed when it holds a checkpoint).
 
+    Every check that can refuse the run (config fields, the workdir's layout and
+    checkpoints, data files, tokenizer and model files) runs before anything is written
+    into `workdir`: a refused run leaves it as it was. On SIGTERM / SIGINT the RL loop
+    saves a checkpoint after the step in progress and `Preempted` is raised.
+
     Returns:
       A summary: held-out accuracy before and after (by tier) and the workdir's files.
     """
     cfg = config_lib.resolve_config(config)
-    mesh = make_mesh(cfg.mesh.shape)
-    log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
-    os.makedirs(workdir, exist_ok=True)
-    _log_to_file(workdir)
-    if is_main_process():
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump(cfg.to_dict(), f, indent=2, default=str)
-    tokenizer = tokenizer_for(cfg, workdir)
-    data = load_datasets(cfg)
-    log.info(
-        "data: %d train, %d held-out, %d sft problems",
-        len(data.train),
-        len(data.heldout),
-        len(data.sft),
-    )
-    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
-    scorer = RewardScorer(
-        num_workers=max(cfg.reward.num_workers, 1),
-        timeout_s=cfg.reward.timeout_s,
-        correct_reward=cfg.reward.correct,
-        incorrect_reward=cfg.reward.incorrect,
+    workdir = os.path.abspath(workdir)
+    pending = _PendingLogs()
+    staging = tempfile.mkdtemp(prefix="da3po-staging-")
+    try:
+        _check_workdir(cfg, workdir)
+        mesh = make_mesh(cfg.mesh.shape)
+        log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
+        tokenizer = tokenizer_for(cfg, workdir, staging)
+        data = load_datasets(cfg)
+        log.info(
+            "data: %d train, %d held-out, %d sft problems",
+            len(data.train),
+            len(data.heldout),
+            len(data.sft),
+        )
+        encoder = PromptEncoder(
+            tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets
+        )
+        model = None if cfg.stage == "sft" else _load_policy(cfg, workdir, tokenizer, mesh)
+        _check_teacher_files(cfg)
+        accept = lambda: pending.accept(cfg, workdir, staging)  # noqa: E731
+        resuming = cfg.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
+        if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
+            accept()  # else once the checkpoint is restored: a damaged one may still refuse
+        scorer = RewardScorer(
+            num_workers=max(cfg.reward.num_workers, 1),
+            timeout_s=cfg.reward.timeout_s,
+            correct_reward=cfg.reward.correct,
+            incorrect_reward=cfg.reward.incorrect,
+        )
+        try:
+            with stop_on_signals() as stop:
+                if cfg.stage == "sft":
+                    return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
+                return _rl_stage(
+                    cfg, workdir, tokenizer, encoder, data, scorer, mesh, model, stop, accept
+                )
+        finally:
+            scorer.close()
+    finally:
+        pending.close()
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rl_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, model, stop, accept):
+    distil = cfg.algo in config_lib.DISTILLATION
+    if distil:
+        _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
+    if model is None:
+        model = _warm_start_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
+    teacher, teacher_eval = None, {}
+    if distil:
+        probes = [encoder.render(p) for p in data.train[:2]]
+        teacher = load_teacher(cfg, tokenizer, model, mesh, probes)
+        if cfg.teacher.eval:
+            teacher_eval = _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh)
+    trainer = RLTrainer(
+        cfg,
+        workdir,
+        model,
+        encoder,
+        data,
+        scorer,
+        mesh,
+        teacher=teacher,
+        stop=stop,
+        on_resumed=accept,
     )
     try:
-        if cfg.stage == "sft":
-            return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
-        distil = cfg.algo in config_lib.DISTILLATION
-        if distil:
-            _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
-        model = _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh)
-        teacher, teacher_eval = None, {}
-        if distil:
-            probes = [encoder.render(p) for p in data.train[:2]]
-            teacher = load_teacher(cfg, tokenizer, model, mesh, probes)
-            if cfg.teacher.eval:
-                teacher_eval = _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh)
-        trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer, mesh, teacher=teacher)
-        try:
-            evals = trainer.run()
-        finally:
-            trainer.close()
-        if cfg.train.export_final:
-            policy = nnx.merge(trainer.graphdef, trainer.state.params)
-            _export(policy, os.path.join(workdir, "final_model"), _tokenizer_dir(cfg, workdir))
-        return _finish(cfg, workdir, trainer, evals, teacher_eval)
+        evals = trainer.run()
     finally:
-        scorer.close()
+        trainer.close()
+    if cfg.train.export_final:
+        policy = nnx.merge(trainer.graphdef, trainer.state.params)
+        _export(policy, os.path.join(workdir, "final_model"), _tokenizer_dir(cfg, workdir))
+    return _finish(cfg, workdir, trainer, evals, teacher_eval)
 
 
-def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh):
+def _check_workdir(cfg, workdir: str) -> None:
+    """Refuses a workdir the run cannot use, before anything is written: a file where a
+    folder must be, or checkpoints written by an incompatible configuration."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise NotADirectoryError(f"--workdir {workdir!r} exists and is not a folder")
+    check_directory(os.path.join(workdir, "checkpoints"), "checkpoints")
+    for name in ("metrics.jsonl", "config.json", "summary.json"):
+        if os.path.isdir(os.path.join(workdir, name)):
+            raise IsADirectoryError(f"{os.path.join(workdir, name)!r} is a folder, not a file")
+    if cfg.stage == "sft" or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        return
+    checkpointer = Checkpointer(workdir, cfg.train.keep_checkpoints)
+    try:
+        newest = checkpointer.newest_host()
+    finally:
+        checkpointer.close()
+    if newest is not None:
+        check_compatible(newest[1].get("config", {}), fingerprint(cfg), checkpointer.directory)
+    read_metrics(os.path.join(workdir, "metrics.jsonl"))  # a malformed row is named now
+
+
+def _check_teacher_files(cfg) -> None:
+    """A teacher folder that exists must hold a model (one to be built may be absent)."""
+    t = cfg.teacher
+    if cfg.algo not in config_lib.DISTILLATION or not t.path or not os.path.exists(t.path):
+        return
+    if not os.path.isfile(os.path.join(t.path, "config.json")) and not t.sft_steps:
+        raise FileNotFoundError(
+            f"teacher folder {t.path!r} has no config.json (config.teacher.path)"
+        )
+
+
+def _load_policy(cfg, workdir, tokenizer, mesh):
+    """The initial policy when it can be read from a folder (`model.init_checkpoint`, a
+    cached SFT warm start, `model.path`) or built at random; None when an SFT warm start
+    must train it first."""
     if cfg.model.init_checkpoint:
         return policy_model(cfg, tokenizer, cfg.model.init_checkpoint, mesh)
     if not cfg.sft.enable:
@@ -197,12 +338,19 @@ def _initial_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh):
     if os.path.isfile(os.path.join(sft_dir, "config.json")):
         log.info("warm start: reusing %s", sft_dir)
         return policy_model(cfg, tokenizer, sft_dir, mesh)
+    return None
+
+
+def _warm_start_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop):
+    sft_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
     log.info("warm start: %d SFT steps (cached in %s)", cfg.sft.steps, sft_dir)
     model = policy_model(cfg, tokenizer, mesh=mesh)
-    return sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir, mesh)
+    return sft_warm_start(
+        cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir, mesh, stop=stop
+    )
 
 
-def _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> None:
+def _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop=None) -> None:
     """Builds a missing `teacher.path` by an SFT warm start of `teacher.sft_steps` steps
     (stopping at `teacher.sft_stop_acc`): the tiny demo's teacher is the student's model
     trained longer. Built once and reused by every run that points at the folder."""
@@ -214,7 +362,17 @@ def _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> None
         build = config_dict.FrozenConfigDict(build)
         model = policy_model(build, tokenizer, mesh=mesh)
         sft_warm_start(
-            build, workdir, model, tokenizer, encoder, data, scorer, t.path, mesh, "teacher_logs"
+            build,
+            workdir,
+            model,
+            tokenizer,
+            encoder,
+            data,
+            scorer,
+            t.path,
+            mesh,
+            "teacher_logs",
+            stop=stop,
         )
 
 
@@ -251,10 +409,12 @@ def _heldout_eval(cfg, model, encoder, data, scorer, mesh) -> dict[str, float]:
     )
 
 
-def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh) -> dict[str, Any]:
+def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop) -> dict[str, Any]:
     out_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
     model = policy_model(cfg, tokenizer, mesh=mesh)
-    model = sft_warm_start(cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir, mesh)
+    model = sft_warm_start(
+        cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir, mesh, stop=stop
+    )
     summary: dict[str, Any] = {"sft_model": out_dir}
     if data.heldout:
         summary["eval"] = _heldout_eval(cfg, model, encoder, data, scorer, mesh)
@@ -267,8 +427,6 @@ def _finish(cfg, workdir: str, trainer: RLTrainer, evals, teacher_eval=None) -> 
     if teacher_eval:
         summary["teacher"] = teacher_eval
     metrics_path = os.path.join(workdir, "metrics.jsonl")
-    from da3po_jax.train.logger import read_metrics
-
     all_evals = [r for r in read_metrics(metrics_path) if r["kind"] == "eval"]
     if all_evals:
         summary["before"] = {k: v for k, v in all_evals[0].items() if k.startswith("eval/")}

@@ -32,25 +32,24 @@ class Datasets:
     sft: list[MathProblem]
 
 
-def tokenizer_for(cfg, workdir: str) -> Tokenizer:
-    """The run's tokenizer: the tiny BPE built into the workdir, or a folder's."""
+def tokenizer_for(cfg, workdir: str, staging: str | None = None) -> Tokenizer:
+    """The run's tokenizer: the tiny BPE built into the workdir, or a folder's.
+
+    With `staging`, a tiny tokenizer the workdir lacks is built there instead, so that a
+    run refused later writes nothing; `install_tokenizer` moves it into the workdir.
+    """
     if cfg.tokenizer.build_tiny:
         path = os.path.join(workdir, "tokenizer")
-        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            # deterministic, so every process of a multi-host run may build it; the first
-            # rename wins and the others drop their copy
-            tmp = f"{path}.tmp{jax.process_index()}"
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return Tokenizer.load(path)
+        if staging is not None:
             build_bpe_tokenizer(
-                tmp,
+                os.path.join(staging, "tokenizer"),
                 corpus(900, seed=0, template=cfg.data.template),
                 vocab_size=cfg.tokenizer.vocab_size,
             )
-            try:
-                os.replace(tmp, path)
-            except OSError:
-                if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
+            return Tokenizer.load(os.path.join(staging, "tokenizer"))
+        install_tokenizer(cfg, workdir)
         return Tokenizer.load(path)
     path = cfg.tokenizer.path or cfg.model.path
     if not path:
@@ -59,6 +58,33 @@ def tokenizer_for(cfg, workdir: str) -> Tokenizer:
             "folder unless config.tokenizer.build_tiny is set"
         )
     return Tokenizer.load(path)
+
+
+def install_tokenizer(cfg, workdir: str, staging: str | None = None) -> None:
+    """Puts the tiny tokenizer into `<workdir>/tokenizer` (copied from `staging`, where
+    `tokenizer_for` built it, or built now) unless it is there already."""
+    path = os.path.join(workdir, "tokenizer")
+    if not cfg.tokenizer.build_tiny or os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return
+    # deterministic, so every process of a multi-host run may build it; the first
+    # rename wins and the others drop their copy
+    tmp = f"{path}.tmp{jax.process_index()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    src = os.path.join(staging, "tokenizer") if staging else None
+    if src and os.path.isfile(os.path.join(src, "tokenizer.json")):
+        shutil.copytree(src, tmp)
+    else:
+        build_bpe_tokenizer(
+            tmp,
+            corpus(900, seed=0, template=cfg.data.template),
+            vocab_size=cfg.tokenizer.vocab_size,
+        )
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def generate_configs(cfg, tokenizer: Tokenizer) -> tuple[GenerateConfig, GenerateConfig]:

@@ -100,11 +100,13 @@ def run_sft(
     check: Callable[[TrainState, int], bool] | None = None,
     check_every: int = 0,
     mesh=None,
+    stop=None,
 ) -> TrainState:
     """Up to `steps` SFT updates over shuffled epochs of `data` (fixed batch, one compile).
 
     Every `check_every` steps `check(state, step)` may end the warm-up early (returning
-    True), e.g. once the policy's accuracy reaches a useful RL regime.
+    True), e.g. once the policy's accuracy reaches a useful RL regime. `stop` (a
+    `signals.StopRequest`) is checked after every step: a signal raises `Preempted`.
     """
     shardings = jax.tree.map(lambda x: x.sharding, state) if mesh is not None else None
     step_fn = jax.jit(
@@ -133,6 +135,8 @@ def run_sft(
             bar.set_postfix(loss=f"{scalars['sft/loss']:.3f}")
             if on_step is not None:
                 on_step(i + 1, scalars)
+        if stop is not None:
+            stop.check(f"the SFT warm start is not checkpointed (stopped at step {i + 1})")
         if check is not None and check_every and (i + 1) % check_every == 0 and i + 1 < steps:
             if check(state, i + 1):
                 break

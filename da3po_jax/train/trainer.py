@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -42,9 +43,14 @@ from da3po_jax.train.rollout import (
     empty_buffer,
 )
 from da3po_jax.train.setup import Datasets, generate_configs
+from da3po_jax.train.signals import StopRequest
 from da3po_jax.train.state import init_train_state, make_optimizer, optimizer_updates
 
 log = logging.getLogger(__name__)
+
+
+class NonFiniteTraining(RuntimeError):
+    """`train.max_nonfinite_steps` steps in a row had a non-finite loss or gradient."""
 
 
 def fingerprint(cfg) -> dict[str, Any]:
@@ -77,8 +83,15 @@ class RLTrainer:
         scorer: RewardScorer,
         mesh: Mesh | None = None,
         teacher: nnx.Module | None = None,
+        stop: StopRequest | None = None,
+        on_resumed: Callable[[], None] | None = None,
     ):
         self.cfg, self.workdir, self.data, self.mesh = cfg, workdir, data, mesh
+        self.stop = stop or StopRequest()  # never set unless train() installs handlers
+        self._on_resumed = on_resumed  # called once the checkpoint (if any) is restored
+        self._nonfinite_run = 0  # steps in a row with a skipped non-finite update
+        self._eval_pending = False  # a due eval not run yet (a stop came first)
+        self._saved_step: int | None = None
         self.g = cfg.rollout.group_size
         self.capacity = cfg.rl.train_prompts
         self.round_size = cfg.rollout.prompts_per_round if cfg.ds.enable else self.capacity
@@ -148,7 +161,7 @@ class RLTrainer:
         self._ds_update = jax.jit(ds_round_update, static_argnums=(2, 3, 4, 5, 6, 7))
         self._seed_buffer = jax.jit(ds_add_round)
         self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
-        self.checkpointer = Checkpointer(workdir, cfg.train.keep_checkpoints)
+        self.checkpointer = Checkpointer(workdir, cfg.train.keep_checkpoints, finite=("['train']",))
         self.logger = MetricsLogger(
             workdir,
             enabled=jax.process_index() == 0,
@@ -162,21 +175,31 @@ class RLTrainer:
 
     def save(self) -> None:
         step = int(self.state.step)
-        host = {"data": self.iterator.state.to_dict(), "config": fingerprint(self.cfg)}
+        if step == self._saved_step:
+            return
+        self._saved_step = step
+        host = {
+            "data": self.iterator.state.to_dict(),
+            "config": fingerprint(self.cfg),
+            "eval_pending": self._eval_pending,
+        }
         self.checkpointer.save(step, self._tree(), host)
 
     def maybe_restore(self) -> int:
-        """Resumes from the latest checkpoint in the workdir; returns the step reached."""
-        step = self.checkpointer.latest_step()
-        if step is None:
-            return 0
+        """Resumes from the newest good checkpoint in the workdir (a damaged newer one is
+        set aside with a warning); returns the step reached. Metrics rows of later steps
+        (and, from step 0, all rows) are dropped: the run writes them again."""
         path = self.checkpointer.directory
-        check_compatible(
-            self.checkpointer.restore_host(step).get("config", {}), fingerprint(self.cfg), path
+        fp = fingerprint(self.cfg)
+        found = self.checkpointer.restore_latest(
+            self._tree(), lambda host: check_compatible(host.get("config", {}), fp, path)
         )
-        tree, host = self.checkpointer.restore(step, self._tree())
-        self.state = tree.pop("train")
-        self.aux = tree
+        if found is None:
+            self.logger.truncate(-1)
+            return 0
+        step, tree, host = found
+        self._saved_step = step
+        state = tree.pop("train")
         try:
             self.iterator.restore(host["data"])
         except (KeyError, ValueError) as e:
@@ -184,7 +207,9 @@ class RLTrainer:
                 f"checkpoint in {path!r}: data position unusable ({e}). "
                 "Nothing was changed; use another --workdir."
             ) from e
-        self.logger.truncate(step)
+        self.state, self.aux = state, tree
+        self._eval_pending = bool(host.get("eval_pending", False))
+        self.logger.truncate(step if step > 0 else -1)
         log.info("resumed from %s at step %d", path, step)
         return step
 
@@ -312,6 +337,35 @@ class RLTrainer:
         )
         return metrics
 
+    def _check_finite(self, metrics: dict[str, float]) -> None:
+        """Counts steps in a row with a non-finite update (skipped in `rl_update`, so the
+        parameters stay finite); `train.max_nonfinite_steps` of them stop the run before
+        anything is saved or exported."""
+        if metrics.get("optim/nonfinite_updates", 0) == 0:
+            self._nonfinite_run = 0
+            return
+        self._nonfinite_run += 1
+        limit = self.cfg.train.max_nonfinite_steps
+        step = int(self.state.step)
+        log.warning(
+            "step %d: %d updates skipped for a non-finite loss or gradient norm "
+            "(loss/total=%s, optim/grad_norm=%s); %d such steps in a row",
+            step,
+            int(metrics["optim/nonfinite_updates"]),
+            metrics.get("loss/total"),
+            metrics.get("optim/grad_norm"),
+            self._nonfinite_run,
+        )
+        if limit and self._nonfinite_run >= limit:
+            last = self.checkpointer.latest_step()
+            raise NonFiniteTraining(
+                f"training stopped at step {step}: {self._nonfinite_run} steps in a row had "
+                "a non-finite loss or gradient norm (train.max_nonfinite_steps="
+                f"{limit}); those updates were skipped and nothing was saved after them "
+                f"(last checkpoint: {'none' if last is None else f'step {last}'}). Lower "
+                "optim.lr, check the data and the model weights."
+            )
+
     def evaluate(self) -> dict[str, float]:
         problems = self.data.heldout[: self.cfg.eval.max_prompts or None]
         if not problems:
@@ -331,9 +385,12 @@ class RLTrainer:
         """Trains to `train.steps`; returns the eval results of this invocation."""
         cfg = self.cfg
         start = self.maybe_restore()
+        if self._on_resumed is not None:
+            self._on_resumed()
         evals = []
-        if start == 0 and cfg.train.eval_every:
+        if (start == 0 and cfg.train.eval_every) or self._eval_pending:
             evals.append(self._log_eval())
+            self._stop_if_asked()
         bar = tqdm(
             range(start, cfg.train.steps),
             initial=start,
@@ -346,17 +403,34 @@ class RLTrainer:
             metrics = self.step()
             step = int(self.state.step)
             self.logger.write(step, metrics)
+            self._check_finite(metrics)
             bar.set_postfix(_progress(metrics))
             last = step == cfg.train.steps
-            if cfg.train.eval_every and (step % cfg.train.eval_every == 0 or last):
+            self._eval_pending = bool(
+                cfg.train.eval_every and (step % cfg.train.eval_every == 0 or last)
+            )
+            self._stop_if_asked()  # before the eval: a preempted run has seconds, not minutes
+            if self._eval_pending:
                 evals.append(self._log_eval())
             if cfg.train.checkpoint_every and (step % cfg.train.checkpoint_every == 0 or last):
                 self.save()
+            self._stop_if_asked()
         self.checkpointer.wait()
         return evals
 
+    def _stop_if_asked(self) -> None:
+        """On SIGTERM / SIGINT: saves the state reached (and whether its eval is still
+        due), waits for the write, and raises `Preempted`."""
+        if not self.stop.requested:
+            return
+        self.save()
+        self.checkpointer.wait()
+        step = int(self.state.step)
+        self.stop.check(f"checkpoint of step {step} saved in {self.checkpointer.directory}")
+
     def _log_eval(self) -> dict[str, float]:
         metrics = self.evaluate()
+        self._eval_pending = False
         step = int(self.state.step)
         if metrics:
             self.logger.write(step, metrics, kind="eval")

@@ -90,8 +90,10 @@ def test_adversarial_responses_score_zero_without_blocking(math_scorer):
     batch = math_scorer.score_batch(responses, ["1"] * len(responses))
     assert time.perf_counter() - start < 10.0
     assert batch.correct == [False] * len(responses)
-    # Rejected by the size caps, not by the timeout; unbalanced boxes state no answer.
-    expected = ["ok"] * 6 + ["no_answer", "ok", "no_answer", "no_answer"]
+    # Rejected by the size caps, not by the timeout; unbalanced boxes state no answer, and
+    # answers over MAX_ANSWER_CHARS (the 20k parentheses, the 1M digits) count as none.
+    expected = ["ok", "ok", "no_answer", "ok", "ok", "ok", "no_answer", "no_answer"]
+    expected += ["no_answer", "no_answer"]
     assert [r.status for r in batch.results] == expected
     assert batch.stats["timeout"] == 0 and batch.stats["worker_restarts"] == 0
     assert math_scorer.score("\\boxed{\\sqrt{8}}", "2\\sqrt{2}").correct  # pool still works

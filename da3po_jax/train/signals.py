@@ -1,0 +1,80 @@
+"""Graceful stop on SIGTERM / SIGINT (spot-TPU and SLURM preemption send SIGTERM).
+
+The first signal only sets a flag: the trainer finishes the step in progress, saves a
+checkpoint and raises `Preempted`, which `python -m da3po_jax.main` turns into exit status
+0 (SIGTERM: the scheduler asked, the run stopped cleanly and resumes exactly) or 130
+(SIGINT, the shell's convention for Ctrl-C). A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving what it had (see `exit_code`)."""
+
+    def __init__(self, signum: int, detail: str):
+        self.signum = signum
+        self.exit_code = 130 if signum == signal.SIGINT else 0
+        super().__init__(f"stopped on {signal.Signals(signum).name}: {detail}")
+
+
+class StopRequest:
+    """Records the first SIGTERM / SIGINT; `requested` is polled between steps."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def check(self, detail: str) -> None:
+        """Raises `Preempted(detail)` if a signal arrived."""
+        if self.signum is not None:
+            raise Preempted(self.signum, detail)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # the second signal: stop now
+            self.uninstall()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        log.warning(
+            "%s received: finishing the current step, then saving and stopping "
+            "(send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in _SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    stop = StopRequest()
+    stop.install()
+    try:
+        yield stop
+    finally:
+        stop.uninstall()
