@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -53,6 +52,7 @@ def main(argv: list[str]) -> None:
     ours.propagate = False
     from da3po_jax.parallel import initialize  # after flag parsing: keeps --help fast
     from da3po_jax.train import train
+    from da3po_jax.train.signals import run_reporting_errors
 
     def run() -> None:
         initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
@@ -61,41 +61,6 @@ def main(argv: list[str]) -> None:
     code = run_reporting_errors(run)
     if code is not None:
         _exit(code)
-
-
-def run_reporting_errors(fn) -> int | None:
-    """Runs `fn()`; None when it returns, else the exit status for how it stopped, with
-    the reason as the last line on stderr."""
-    from da3po_jax.train.signals import Preempted
-
-    try:
-        fn()
-    except Preempted as e:
-        logging.getLogger("da3po_jax").warning("%s; rerun the same command to resume", e)
-        print(f"da3po_jax: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("da3po_jax: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - every error ends the same way
-        traceback.print_exc()
-        print(f"da3po_jax: error: {describe_error(e)}", file=sys.stderr)
-        return 1
-    return None
-
-
-def describe_error(e: BaseException) -> str:
-    """One line naming the error; an OSError behind it (e.g. `No space left on device`)
-    is added when the error raised is another one."""
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    cause, seen = e.__cause__ or e.__context__, {id(e)}
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) and not isinstance(e, OSError):
-            text += f" (caused by {type(cause).__name__}: {' '.join(str(cause).split())})"
-            break
-        cause = cause.__cause__ or cause.__context__
-    return text
 
 
 def _exit(code: int) -> None:

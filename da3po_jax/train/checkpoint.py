@@ -308,8 +308,12 @@ class _LastError(logging.Handler):
 
 
 def _brief(e: BaseException, limit: int = 300) -> str:
-    """An exception as one line (orbax / TensorStore messages span many)."""
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+    """An exception as one line (orbax / TensorStore messages span many), its middle cut
+    when long: the cause (e.g. `No space left on device`) is at the end."""
+    text = " ".join(str(e).split())
+    if len(text) > limit:
+        text = f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
+    return f"{type(e).__name__}: {text}"
 
 
 def check_directory(path: str, what: str) -> None:

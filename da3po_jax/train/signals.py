@@ -4,6 +4,9 @@ The first signal only sets a flag: the trainer finishes the step in progress, sa
 checkpoint and raises `Preempted`, which `python -m da3po_jax.main` turns into exit status
 0 (SIGTERM: the scheduler asked, the run stopped cleanly and resumes exactly) or 130
 (SIGINT, the shell's convention for Ctrl-C). A second signal stops at once.
+
+`run_reporting_errors` is the command line's last word: the exit status for how a run
+stopped, and one last stderr line that names the reason.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
@@ -78,3 +83,36 @@ def stop_on_signals() -> Iterator[StopRequest]:
         yield stop
     finally:
         stop.uninstall()
+
+
+def run_reporting_errors(fn) -> int | None:
+    """Runs `fn()`; None when it returns, else the exit status for how it stopped, with
+    the reason as the last line on stderr."""
+    try:
+        fn()
+    except Preempted as e:
+        log.warning("%s; rerun the same command to resume", e)
+        print(f"da3po_jax: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("da3po_jax: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every error ends the same way
+        traceback.print_exc()
+        print(f"da3po_jax: error: {describe_error(e)}", file=sys.stderr)
+        return 1
+    return None
+
+
+def describe_error(e: BaseException) -> str:
+    """One line naming the error; an OSError behind it (e.g. `No space left on device`)
+    is added when the error raised is another one."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    cause, seen = e.__cause__ or e.__context__, {id(e)}
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and not isinstance(e, OSError):
+            text += f" (caused by {type(cause).__name__}: {' '.join(str(cause).split())})"
+            break
+        cause = cause.__cause__ or cause.__context__
+    return text

@@ -19,11 +19,11 @@ import pytest
 from test_train_smoke import HashScorer, micro_config, read_rows
 
 import da3po_jax.train.run as run_lib
-from da3po_jax.main import run_reporting_errors
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
 from da3po_jax.train import train
 from da3po_jax.train.checkpoint import CheckpointError
 from da3po_jax.train.logger import MetricsFileError, read_metrics
+from da3po_jax.train.signals import run_reporting_errors
 from da3po_jax.train.trainer import NonFiniteTraining, RLTrainer
 
 
@@ -217,33 +217,25 @@ def _signal_after_step(monkeypatch, signum: int, at_step: int):
     monkeypatch.setattr(RLTrainer, "step", step_then_signal)
 
 
-def test_a_signal_saves_the_step_and_resume_is_exact(four_steps, tmp_path, monkeypatch, capsys):
-    """SIGTERM between checkpoints (SIGINT, exit 130, takes the same path: CLI test)."""
-    signum, code = signal.SIGTERM, 0
+def test_a_signal_saves_the_step_its_eval_runs_on_resume_and_resume_is_exact(
+    four_steps, tmp_path, monkeypatch, capsys
+):
+    """SIGINT after step 2, whose eval is due: the step is saved with the eval pending, the
+    exit status is 130, and the resumed run ends exactly as an uninterrupted one (SIGTERM,
+    exit 0, through a real process: test_faults_cli.py)."""
     workdir = str(tmp_path / "run")
-    cfg = micro_config(**{"train.steps": 4, "train.checkpoint_every": 2})
+    cfg = micro_config(**{"train.steps": 4, "train.checkpoint_every": 3})
     with monkeypatch.context() as m:
-        _signal_after_step(m, signum, at_step=3)  # between checkpoints
-        assert run_reporting_errors(lambda: train(cfg, workdir)) == code
+        _signal_after_step(m, signal.SIGINT, at_step=2)
+        assert run_reporting_errors(lambda: train(cfg, workdir)) == 130
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    name = signal.Signals(signum).name
-    assert last.startswith(f"da3po_jax: stopped on {name}: checkpoint of step 3 saved"), last
-    assert "3" in os.listdir(os.path.join(workdir, "checkpoints"))
-    assert signal.getsignal(signum) is not None  # the handlers were put back
+    assert last.startswith("da3po_jax: stopped on SIGINT: checkpoint of step 2 saved"), last
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+    assert (2, "eval") not in keys_of(workdir)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
     train(cfg, workdir)  # resume to the end
     redone, reference = final_params(workdir, 4), final_params(four_steps, 4)
     assert all(np.array_equal(a, b) for a, b in zip(redone, reference, strict=True))
-    assert keys_of(workdir) == keys_of(four_steps)
-
-
-def test_a_due_eval_interrupted_by_a_signal_runs_on_resume(four_steps, tmp_path, monkeypatch):
-    workdir = str(tmp_path / "run")
-    cfg = micro_config(**{"train.steps": 4, "train.checkpoint_every": 2})
-    with monkeypatch.context() as m:
-        _signal_after_step(m, signal.SIGTERM, at_step=2)  # an eval step: stop before the eval
-        assert run_reporting_errors(lambda: train(cfg, workdir)) == 0
-    assert (2, "eval") not in keys_of(workdir)
-    train(cfg, workdir)
     assert keys_of(workdir) == keys_of(four_steps)
 
 
