@@ -14,21 +14,11 @@ import numpy as np
 import pytest
 
 from da3po_jax.data import EmptyDatasetError, load_problems, read_jsonl, read_parquet
-from da3po_jax.models import ModelConfig, init_model, load_model, save_model
+from da3po_jax.models import get_preset, init_model, load_model, save_model
 from da3po_jax.models.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
 from da3po_jax.models.tokenizer import Tokenizer, TokenizerLoadError
 
-TINY = ModelConfig(
-    model_type="qwen2",
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-    attention_bias=True,
-)
+TINY = get_preset("tiny-qwen2", vocab_size=64)
 UP = "model.layers.0.mlp.up_proj.weight"
 
 
@@ -251,8 +241,8 @@ def test_config_json_bad_fields_name_the_file(model_dir, edit, words):
 
 
 def test_config_json_integral_float_is_accepted(model_dir):
-    _edit_config(model_dir, lambda hf: {**hf, "hidden_size": 16.0})
-    assert load_model(model_dir).cfg.hidden_size == 16
+    _edit_config(model_dir, lambda hf: {**hf, "hidden_size": float(TINY.hidden_size)})
+    assert load_model(model_dir).cfg.hidden_size == TINY.hidden_size
 
 
 # ------------------------------------------------------------------ tokenizer

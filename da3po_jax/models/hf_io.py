@@ -273,22 +273,19 @@ def load_model(
                 f"expected {tuple(expected_hf)} for this config.json"
             )
         raw = src.get(entry.hf_name)
-        bad = _count_nonfinite(raw)
-        if bad:
-            raise ValueError(
-                f"model folder {path!r}: tensor {entry.hf_name} has {bad} non-finite values "
-                f"(NaN/Inf) in {os.path.basename(src.path)}; the checkpoint is corrupt or "
-                "diverged, refusing to load it"
-            )
         with np.errstate(over="ignore"):  # an overflowing cast is reported just below
             arr = np.asarray(entry.to_jax(raw), dtype=want.dtype)
-        narrower = arr.dtype.itemsize < raw.dtype.itemsize or (
-            arr.dtype == np.float16 and raw.dtype != np.float16
-        )  # a cast that can overflow finite values to Inf
-        if narrower and (bad := _count_nonfinite(arr)):
+        if _count_nonfinite(arr):  # one scan of the loaded tensor; the file's on failure
+            if bad := _count_nonfinite(raw):
+                raise ValueError(
+                    f"model folder {path!r}: tensor {entry.hf_name} has {bad} non-finite "
+                    f"values (NaN/Inf) in {os.path.basename(src.path)}; the checkpoint is "
+                    "corrupt or diverged, refusing to load it"
+                )
             raise ValueError(
-                f"model folder {path!r}: tensor {entry.hf_name} has {bad} values that overflow "
-                f"to Inf when cast from {raw.dtype} to param_dtype={cfg.param_dtype}"
+                f"model folder {path!r}: tensor {entry.hf_name} has "
+                f"{_count_nonfinite(arr)} values that overflow to Inf when cast from "
+                f"{raw.dtype} to param_dtype={cfg.param_dtype}"
             )
         var.set_value(_place(arr, entry.path, sharding))
         del arr

@@ -66,18 +66,22 @@ def _leaf_digest(x: jax.Array) -> jax.Array:
     return jnp.stack([digest, nonfinite.astype(jnp.uint32)])
 
 
-_digest_tree = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
+# [leaves, 2]: one small array, so a digest costs one device-to-host transfer
+_digest_tree = jax.jit(lambda tree: jnp.stack([_leaf_digest(x) for x in jax.tree.leaves(tree)]))
 
 
 def tree_digest(tree: Any) -> tuple[dict[str, int], dict[str, int]]:
     """({leaf path: digest}, {leaf path: non-finite count}) of a pytree of arrays."""
     from da3po_jax.parallel import to_host
 
-    digest, nonfinite = {}, {}
-    for path, pair in jax.tree_util.tree_flatten_with_path(_digest_tree(tree))[0]:
-        key = jax.tree_util.keystr(path)
-        digest[key], nonfinite[key] = (int(v) for v in to_host(pair))
-    return digest, nonfinite
+    keys = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    if not keys:
+        return {}, {}
+    pairs = to_host(_digest_tree(tree)).tolist()
+    return (
+        {k: d for k, (d, _) in zip(keys, pairs, strict=True)},
+        {k: n for k, (_, n) in zip(keys, pairs, strict=True)},
+    )
 
 
 def _nonfinite_leaves(nonfinite: dict[str, int], prefixes: Sequence[str]) -> list[str]:
@@ -146,8 +150,8 @@ class Checkpointer:
         if self._pending is None:
             return
         step, self._pending = self._pending, None
-        self._manager.reload()
-        if step not in self.all_steps():
+        steps = self.all_steps()
+        if step not in steps:
             cause = self._errors.message or "see the log above"
             raise CheckpointError(
                 f"saving checkpoint step {step} in {self.directory!r} failed ({cause}); "
@@ -157,12 +161,8 @@ class Checkpointer:
             self._read_host(step)
         except DamagedCheckpoint as e:
             raise CheckpointError(f"checkpoint step {step} did not read back: {e}") from e
-        self._rotate()
-
-    def _rotate(self) -> None:
-        steps = self.all_steps()
-        for step in steps[: -self.keep]:
-            self._manager.delete(step)
+        for old in steps[: -self.keep]:  # rotation: only once the newest step is verified
+            self._manager.delete(old)
 
     def _read_host(self, step: int) -> dict[str, Any]:
         try:
@@ -195,9 +195,11 @@ class Checkpointer:
                 "folder away to start fresh."
             ) from e
 
-    def restore(self, step: int, abstract_tree: Any) -> tuple[Any, dict[str, Any]]:
+    def restore(
+        self, step: int, abstract_tree: Any, host: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """Restores and verifies step `step` into the structure, shapes and shardings of
-        `abstract_tree`.
+        `abstract_tree` (`host`: its host JSON, when already read).
 
         Raises:
           DamagedCheckpoint: unreadable, digest mismatch, or non-finite where `finite`.
@@ -206,7 +208,7 @@ class Checkpointer:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
             abstract_tree,
         )
-        host = self._read_host(step)
+        host = dict(self._read_host(step) if host is None else host)
         try:
             out = self._manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
@@ -250,9 +252,10 @@ class Checkpointer:
         damaged: list[tuple[int, DamagedCheckpoint]] = []
         for step in reversed(steps):
             try:
+                host = self._read_host(step)
                 if check_host is not None:
-                    check_host(self._read_host(step))
-                tree, host = self.restore(step, abstract_tree)
+                    check_host(host)
+                tree, host = self.restore(step, abstract_tree, host)
             except DamagedCheckpoint as e:
                 log.warning("checkpoint step %d is damaged, trying the one before: %s", step, e)
                 damaged.append((step, e))

@@ -348,7 +348,7 @@ class RLTrainer:
         limit = self.cfg.train.max_nonfinite_steps
         step = int(self.state.step)
         log.warning(
-            "step %d: %d updates skipped for a non-finite loss or gradient norm "
+            "step %d: %d updates skipped for a non-finite loss, gradient or update norm "
             "(loss/total=%s, optim/grad_norm=%s); %d such steps in a row",
             step,
             int(metrics["optim/nonfinite_updates"]),
@@ -360,7 +360,7 @@ class RLTrainer:
             last = self.checkpointer.latest_step()
             raise NonFiniteTraining(
                 f"training stopped at step {step}: {self._nonfinite_run} steps in a row had "
-                "a non-finite loss or gradient norm (train.max_nonfinite_steps="
+                "a non-finite loss, gradient or update norm (train.max_nonfinite_steps="
                 f"{limit}); those updates were skipped and nothing was saved after them "
                 f"(last checkpoint: {'none' if last is None else f'step {last}'}). Lower "
                 "optim.lr, check the data and the model weights."

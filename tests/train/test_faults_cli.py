@@ -4,7 +4,6 @@ time bound). Refusals stop before any compile, so each takes seconds."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from test_faults import snapshot
 from test_train_smoke import HashScorer, micro_config
 
 import da3po_jax.train.run as run_lib
@@ -47,16 +47,6 @@ def cli(config_file, workdir, *overrides, timeout=REFUSAL_S):
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     lines = out.stderr.strip().splitlines()
     return out.returncode, lines[-1] if lines else ""
-
-
-def snapshot(root) -> dict[str, str]:
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha1(f.read()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")
