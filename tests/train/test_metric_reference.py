@@ -1,0 +1,119 @@
+"""The logged metrics of a few fixed-seed RL steps, compared with values recorded by an
+earlier version of the trainer (`data/metric_reference.json`): a restructuring of train/
+must not change what the tiny runs compute.
+
+The reference covers the paths that carry state or take a different route through the
+step: DA3PO with the history estimator (dynamic-sampling rounds and surplus, prior EMA,
+per-prompt table), tempered sampling (truncated importance sampling) and a KL term;
+GRPO with micro-batches, two passes, recomputed log-probs and overlong shaping and
+filtering; RA-OPD with a random teacher. Every train and eval metric is compared except
+wall-clock times and the rates derived from them.
+
+To record the reference (only when a change is *meant* to alter these numbers; say so
+in the commit): `python tests/train/test_metric_reference.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train_smoke import HashScorer, micro_config, read_rows  # noqa: E402
+
+import da3po_jax.train.run as run_lib  # noqa: E402
+from da3po_jax.train import train  # noqa: E402
+
+REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "metric_reference.json")
+TOLERANCE = 1e-6  # absolute, and relative to the reference value's magnitude
+# measured wall-clock times and rates derived from them; metrics added after the
+# reference was recorded (compile counts, FLOP rates) are not compared
+NOT_COMPARED = ("time/", "throughput/", "compile/", "perf/")
+
+CASES = {
+    "da3po_history": dict(
+        algo="da3po",
+        overrides={
+            "daa.estimator": "history",
+            "rollout.temperature": 0.8,
+            "loss.kl_coef": 0.01,
+            "train.steps": 3,
+            "train.eval_every": 3,
+            "train.checkpoint_every": 0,
+        },
+    ),
+    "grpo_micro": dict(
+        algo="grpo",
+        overrides={
+            "rl.micro_batch_prompts": 1,
+            "rl.num_iterations": 2,
+            "rollout.logp_old": "recompute",
+            "overlong.buffer": 4,
+            "overlong.filter": True,
+            "train.steps": 2,
+            "train.eval_every": 0,
+            "train.checkpoint_every": 0,
+        },
+    ),
+    "ra_opd": dict(
+        algo="ra_opd",
+        overrides={
+            "teacher.preset": "tiny-qwen2",
+            "teacher.seed": 7,
+            "teacher.eval": False,
+            "train.steps": 2,
+            "train.eval_every": 2,
+            "train.checkpoint_every": 0,
+        },
+    ),
+}
+
+
+def run_case(name: str, workdir: str) -> list[dict]:
+    case = CASES[name]
+    train(micro_config(case["algo"], **case["overrides"]), workdir)
+    rows = []
+    for row in read_rows(workdir):
+        kept = {k: v for k, v in row.items() if not k.startswith(NOT_COMPARED)}
+        rows.append(kept)
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_metrics_match_the_reference(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
+    with open(REFERENCE) as f:
+        expected = json.load(f)[name]
+    got = run_case(name, str(tmp_path / name))
+    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in expected]
+    for want, have in zip(expected, got):
+        where = f"{name} {want['kind']} step {want['step']}"
+        assert sorted(have) == sorted(want), f"{where}: metric names differ"
+        for key, value in want.items():
+            if isinstance(value, float):
+                close = math.isclose(have[key], value, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+                assert close, f"{where}: {key} = {have[key]!r}, reference {value!r}"
+            else:
+                assert have[key] == value, f"{where}: {key} = {have[key]!r}, reference {value!r}"
+
+
+def _record() -> None:
+    run_lib.RewardScorer = HashScorer
+    out = {}
+    for name in sorted(CASES):
+        with tempfile.TemporaryDirectory() as workdir:
+            out[name] = run_case(name, workdir)
+    os.makedirs(os.path.dirname(REFERENCE), exist_ok=True)
+    with open(REFERENCE, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+    print(f"wrote {REFERENCE}: {sum(len(v) for v in out.values())} rows")
+
+
+if __name__ == "__main__":
+    _record()
