@@ -38,16 +38,12 @@ def main() -> None:
     sys.path.insert(0, os.path.join(ROOT, "configs"))
     import tiny_math
 
-    import da3po_jax.train.run as run_lib
     from da3po_jax.models import get_preset, init_model
+    from da3po_jax.rewards import RewardScorer
+    from da3po_jax.train.build import RunContext, build_trainer
     from da3po_jax.train.config import resolve_config
     from da3po_jax.train.rollout import PromptEncoder
-    from da3po_jax.train.setup import (
-        load_datasets,
-        prompt_renderer,
-        tokenizer_for,
-    )
-    from da3po_jax.train.trainer import RLTrainer
+    from da3po_jax.train.setup import load_datasets, prompt_renderer, tokenizer_for
 
     c = tiny_math.get_config()
     c.algo = args.algo
@@ -63,11 +59,11 @@ def main() -> None:
     tokenizer = tokenizer_for(cfg, workdir)
     data = load_datasets(cfg)
     encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
-    scorer = run_lib.RewardScorer(num_workers=1)
+    scorer = RewardScorer(num_workers=1)
     # The preset's own shapes (vocabulary included), not resized to the tiny tokenizer.
     model = init_model(get_preset(cfg.model.preset, param_dtype=args.dtype, dtype=args.dtype,
                                   logits_chunk=cfg.model.logits_chunk), seed=0)
-    trainer = RLTrainer(cfg, workdir, model, encoder, data, scorer)
+    trainer = build_trainer(RunContext(cfg, workdir, tokenizer, encoder, data, scorer), model)
     steps = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -87,7 +83,7 @@ def main() -> None:
         r["other"] = r["wall"] - sum(r[f"time/{k}"] for k in keys)
     wall = med("wall", steady)
     rows = args.prompts * args.group_size
-    train_tokens = rows * (trainer.train_prompt_len + args.max_new_tokens)
+    train_tokens = rows * (trainer.collector.engine.prompt_len + args.max_new_tokens)
     print(json.dumps({
         "benchmark": "rl_step",
         "preset": c.model.preset,
@@ -101,6 +97,9 @@ def main() -> None:
         "generated_tokens_per_step": med("response/len_mean", steady) * rows,
         "gen_tokens_per_s": med("throughput/gen_tokens_per_s", steady),
         "train_tokens_per_s": train_tokens / parts["update"],
+        "update_tflops_per_s": med("perf/update_tflops_per_s", steady),
+        "update_mfu": med("perf/update_mfu", steady),
+        "compiles": {k: v for k, v in steps[-1].items() if k.startswith("compile/")},
     }, indent=2))
 
 

@@ -48,6 +48,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data.synthetic_sft = 4000
 
     c.rollout = config_dict.ConfigDict()
+    c.rollout.engine = "static"  # the rollout engine (train/build.py: ENGINES)
     c.rollout.prompts_per_round = 16  # prompts in one generation round
     c.rollout.group_size = 8  # G samples per prompt
     c.rollout.prompt_buckets = (64, 128, 256, 512, 1024, 2048)
@@ -68,7 +69,8 @@ def get_config() -> config_dict.ConfigDict:
     c.rl.num_iterations = 1
 
     c.adv = config_dict.ConfigDict()
-    c.adv.norm = "std"  # std | none (Dr.GRPO)
+    c.adv.estimator = "grpo"  # grpo | rloo (leave-one-out); rl.ADVANTAGE_ESTIMATORS
+    c.adv.norm = "std"  # std | none (Dr.GRPO); grpo only
     c.adv.std_ddof = 1
     c.adv.eps = 1e-6
 

@@ -40,7 +40,7 @@ What is counted (per device, bytes):
 * gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
   time in the compute dtype; 2x for prefetching.
 * batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
-  of one round, as the trainer builds them (`rollout.abstract_round`: prompt tokens and
+  of one round, as the trainer builds them (`batch.GroupBatch.zeros`: prompt tokens and
   mask, response tokens, mask and both log-probs, the per-response scalars), slots split
   over data x fsdp when divisible; exact but for the prompt length (the trainer pads to the
   longest training prompt's bucket, at most this one).
@@ -226,14 +226,13 @@ def group_buffer_nbytes(
     group_size: int, prompt_len: int, max_new_tokens: int, capacity: int, batch_devs: int = 1
 ) -> int:
     """Per-device bytes of a `DSBuffer` of `capacity` groups as the trainer builds it
-    (`train.rollout.abstract_round` + `empty_buffer`: every `GroupBatch` field, the valid
-    mask and the count), its slots split over `batch_devs` devices when they divide."""
-    from da3po_jax.sampling import GenerateConfig
-    from da3po_jax.train.rollout import Rollout, abstract_round, empty_buffer
+    (`GroupBatch.zeros` + `ds_empty_buffer`: every `GroupBatch` field, the valid mask and
+    the count), its slots split over `batch_devs` devices when they divide."""
+    from da3po_jax.rl import ds_empty_buffer
+    from da3po_jax.train.batch import GroupBatch
 
-    gen = GenerateConfig(num_samples=group_size, max_new_tokens=max_new_tokens)
-    like = Rollout(None, None, None, gen, prompt_len, {})  # only its shapes are read
-    shapes = jax.eval_shape(lambda: empty_buffer(abstract_round(like, capacity), capacity))
+    like = lambda: GroupBatch.zeros(capacity, group_size, prompt_len, max_new_tokens)  # noqa: E731
+    shapes = jax.eval_shape(lambda: ds_empty_buffer(like(), capacity))
     total = 0
     for x in jax.tree.leaves(shapes):
         nbytes = math.prod(x.shape) * x.dtype.itemsize

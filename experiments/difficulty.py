@@ -32,7 +32,7 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     from da3po_jax.rewards import RewardScorer
     from da3po_jax.sampling import GenerateConfig, Sampler
     from da3po_jax.train import config as config_lib
-    from da3po_jax.train.rollout import PromptEncoder, Rollout
+    from da3po_jax.train.rollout import PromptEncoder, sample_and_score
     from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer
 
     c = base_config(1, 1)
@@ -56,12 +56,20 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     encoder = PromptEncoder(tok, prompt_renderer(cfg, tok), cfg.rollout.prompt_buckets)
     scorer = RewardScorer(num_workers=1, timeout_s=cfg.reward.timeout_s)
     try:
-        rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {})
+        sampler = Sampler(graphdef, model.cfg, gen)
         problems, chunk, rates = data.heldout, 50, []
         for start in range(0, len(problems), chunk):
             part = list(problems[start : start + chunk])
             part += [part[i % len(part)] for i in range(chunk - len(part))]
-            _, host = rollout.sample_and_score(params, part, jax.random.PRNGKey(start))
+            _, host = sample_and_score(
+                sampler,
+                params,
+                part,
+                jax.random.PRNGKey(start),
+                encoder=encoder,
+                scorer=scorer,
+                gen=gen,
+            )
             rates.extend(host.correct.mean(axis=1)[: len(problems) - start])
     finally:
         scorer.close()

@@ -6,10 +6,18 @@ other JAX codebases can use it on its own::
     from da3po_jax.rl import da3po_loss, compute_advantages, apply_daa
 """
 
-from da3po_jax.rl.advantages import AdvantageConfig, compute_advantages, grpo_advantages
+from da3po_jax.rl.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    compute_advantages,
+    grpo_advantages,
+    rloo_advantages,
+)
 from da3po_jax.rl.daa import (
+    DAA_RULES,
     BetaPrior,
     DAAConfig,
+    DAARule,
     PriorState,
     PromptHistory,
     accuracy_moments,
@@ -48,18 +56,25 @@ from da3po_jax.rl.overlong import (
     overlong_filter_mask,
     soft_overlong_punishment,
 )
+from da3po_jax.rl.registry import Registry
 
 __all__ = [
+    # registries
+    "Registry",
     # advantages / group statistics
+    "ADVANTAGE_ESTIMATORS",
     "AdvantageConfig",
     "GroupStats",
     "compute_advantages",
     "group_accuracy",
     "group_stats",
     "grpo_advantages",
+    "rloo_advantages",
     # DAA
+    "DAA_RULES",
     "BetaPrior",
     "DAAConfig",
+    "DAARule",
     "PriorState",
     "PromptHistory",
     "accuracy_moments",

@@ -1,13 +1,19 @@
-"""Group statistics and GRPO / Dr.GRPO outcome advantages (docs/algorithms.md, "GRPO advantages").
+"""Outcome advantages: GRPO / Dr.GRPO and RLOO (docs/algorithms.md, "GRPO advantages").
 
 Per-response arrays are either flat `[P * G]`, group-major (response i of group g sits at
 index `g * G + i`), or already grouped `[P, G]`; every function returns the layout it was
 given. Variable group sizes are expressed with a per-response `valid` mask.
+
+`AdvantageConfig.estimator` names an entry of `ADVANTAGE_ESTIMATORS`: a function
+`fn(rewards [P, G] float, valid [P, G] bool, config) -> advantages [P, G]` (0 for invalid
+responses). A new stateless estimator is one such function plus
+`ADVANTAGE_ESTIMATORS.register("name", fn)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +21,12 @@ import jax.numpy as jnp
 from da3po_jax.rl._utils import as_float, safe_div, to_groups, valid_or_ones
 from da3po_jax.rl.daa import BetaPrior, DAAConfig, PromptHistory, apply_daa
 from da3po_jax.rl.groups import group_stats
+from da3po_jax.rl.registry import Registry
 
 _NORMS = ("std", "none")
+
+AdvantageEstimator = Callable[[jax.Array, jax.Array, "AdvantageConfig"], jax.Array]
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,16 +34,22 @@ class AdvantageConfig:
     """Config of the outcome advantage (hashable; usable as a static jit argument).
 
     Attributes:
+      estimator: a name in `ADVANTAGE_ESTIMATORS`: `"grpo"` (default; group-normalised,
+        see `norm`) or `"rloo"` (leave-one-out baseline; ignores `norm`, `std_ddof`, `eps`).
       norm: `"std"` (GRPO: divide by the group std) or `"none"` (Dr.GRPO: centre only).
       std_ddof: delta degrees of freedom of the group std; 1 = sample std (verl, TRL).
       eps: added to the std in the denominator.
     """
 
+    estimator: str = "grpo"
     norm: str = "std"
     std_ddof: int = 1
     eps: float = 1e-6
 
     def __post_init__(self):
+        problem = ADVANTAGE_ESTIMATORS.check(self.estimator)  # read at call time
+        if problem:
+            raise ValueError(f"AdvantageConfig.estimator {problem}, got {self.estimator!r}")
         if self.norm not in _NORMS:
             raise ValueError(f"AdvantageConfig.norm must be one of {_NORMS}, got {self.norm!r}")
         if self.std_ddof not in (0, 1):
@@ -81,6 +97,51 @@ def grpo_advantages(
     return adv.reshape(shape)
 
 
+def rloo_advantages(
+    rewards: jax.Array, group_size: int, *, valid: jax.Array | None = None
+) -> jax.Array:
+    """RLOO (leave-one-out) outcome advantages.
+
+    A_i = R_i - mean_{j != i, valid_j} R_j = n_g / (n_g - 1) * (R_i - mean_g R) over the
+    group's n_g valid responses. A group with zero reward variance, or with fewer than two
+    valid responses, gets A = 0 for all its responses; invalid responses get 0.
+
+    Args:
+      rewards: `[P * G]` or `[P, G]` outcome rewards R_i.
+      group_size: G.
+      valid: optional per-response mask (same shape).
+
+    Returns:
+      Advantages with the shape of `rewards`.
+    """
+    shape = jnp.shape(rewards)
+    x = to_groups(as_float(rewards), group_size)
+    v = to_groups(valid_or_ones(valid, jnp.asarray(rewards)), group_size)
+    st = group_stats(x, group_size, v)
+    total = jnp.where(v, x, 0.0).sum(-1, keepdims=True)
+    others = (total - x) / jnp.maximum(st.count - 1, 1)[:, None]
+    adv = jnp.where(v & ~st.constant[:, None], x - others, 0.0)
+    return adv.reshape(shape)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def _grpo_estimator(rewards: jax.Array, valid: jax.Array, config: AdvantageConfig) -> jax.Array:
+    return grpo_advantages(
+        rewards,
+        rewards.shape[1],
+        valid=valid,
+        norm=config.norm,
+        std_ddof=config.std_ddof,
+        eps=config.eps,
+    )
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def _rloo_estimator(rewards: jax.Array, valid: jax.Array, config: AdvantageConfig) -> jax.Array:
+    del config  # RLOO has no settings
+    return rloo_advantages(rewards, rewards.shape[1], valid=valid)
+
+
 def compute_advantages(
     rewards: jax.Array,
     correct: jax.Array,
@@ -93,8 +154,9 @@ def compute_advantages(
     prior: BetaPrior | None = None,
     history: PromptHistory | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Outcome advantages of one training batch: GRPO / Dr.GRPO, then optionally DAA.
+    """Outcome advantages of one training batch: the configured estimator, then optionally DAA.
 
+    A_i from `ADVANTAGE_ESTIMATORS.get(config.estimator)`; for `"grpo"`,
     A_i = (R_i - mean_g R) / (std_g R + eps) (or centred only), zero for constant groups;
     then, if `daa` is a `DAAConfig`, A'_i = lambda_g A_i for correct responses of hard kept
     groups (see `apply_daa`). Correctness c_i drives the group accuracy and DAA; the reward
@@ -104,7 +166,7 @@ def compute_advantages(
       rewards: `[P * G]` (group-major) or `[P, G]` rewards.
       correct: correctness c_i in {0, 1}, same shape.
       group_size: G.
-      config: `AdvantageConfig` (default GRPO, ddof 1, eps 1e-6).
+      config: `AdvantageConfig` (default estimator `"grpo"`, norm `"std"`, ddof 1, eps 1e-6).
       valid: optional per-response mask (e.g. empty dynamic-sampling slots).
       daa: optional `DAAConfig`; None (or estimator "none") skips amplification.
       group_valid: optional `[P]` mask of kept groups, forwarded to DAA.
@@ -116,9 +178,16 @@ def compute_advantages(
       (`adv/mean`, `adv/abs_mean`, `adv/zero_var_frac`, plus `daa/*` when DAA runs).
     """
     cfg = config or AdvantageConfig()
-    adv = grpo_advantages(
-        rewards, group_size, valid=valid, norm=cfg.norm, std_ddof=cfg.std_ddof, eps=cfg.eps
-    )
+    shape = jnp.shape(rewards)
+    x = to_groups(as_float(rewards), group_size)
+    vg = to_groups(valid_or_ones(valid, jnp.asarray(rewards)), group_size)
+    adv = ADVANTAGE_ESTIMATORS.get(cfg.estimator)(x, vg, cfg)
+    if jnp.shape(adv) != x.shape:
+        raise ValueError(
+            f"advantage estimator {cfg.estimator!r} returned shape {jnp.shape(adv)}, "
+            f"expected {x.shape}"
+        )
+    adv = adv.reshape(shape)
     v = valid_or_ones(valid, jnp.asarray(rewards))
     st = group_stats(rewards, group_size, valid, std_ddof=cfg.std_ddof)
     nonempty = st.count > 0

@@ -7,7 +7,8 @@ responses are multiplied by lambda_g >= 1:
 
 Why: on a hard prompt (true success rate p << 1/G) the group baseline mu_g >= 1/G over-weights
 the incorrect responses relative to the ideal advantage R - p by odds(mu_g) / odds(p); DAA
-gives the rare correct response that weight back. Estimators of lambda_g (`DAAConfig.estimator`):
+gives the rare correct response that weight back. Estimators of lambda_g (`DAAConfig.estimator`,
+a name in the registry `DAA_RULES` of `DAARule`s):
 
 - `power`:   lambda = clip((odds(tau) / odds(mu))^beta, 1, lambda_max).
 - `bayes`:   lambda = clip(odds(mu) * E_post[(1 - p) / p], 1, lambda_max)^gamma with the
@@ -15,6 +16,10 @@ gives the rare correct response that weight back. Estimators of lambda_g (`DAACo
              E[(1 - p) / p] = (b + n - k) / max(a + k - 1, 1e-3).
 - `history`: as `bayes`, with the prompt's decayed success / failure counts s, f from
              earlier epochs added: Beta(a + k + s, b + n - k + f).
+- `none`:    lambda = 1 (no amplification).
+
+A new rule is a function `fn(mu, k, n, config, prior, history) -> lambda [P]` registered as
+`DAA_RULES.register("name", DAARule(fn, uses_prior=..., uses_history=...))`.
 
 `apply_to="both"` is the control of docs/algorithms.md: every response of a hard group (both
 signs) is multiplied by the same lambda_g, separating "amplify correct responses" from
@@ -30,6 +35,7 @@ responses) replaces G so masked responses are handled. Defaults `gamma = 0.5` an
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -37,8 +43,8 @@ import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float, odds, safe_div, to_groups, valid_or_ones
 from da3po_jax.rl.groups import group_accuracy
+from da3po_jax.rl.registry import Registry
 
-_ESTIMATORS = ("none", "power", "bayes", "history")
 _APPLY_TO = ("correct", "both")
 _TINY = 1e-12
 
@@ -48,7 +54,8 @@ class DAAConfig:
     """DAA settings (hashable; usable as a static jit argument).
 
     Attributes:
-      estimator: `"none"`, `"power"` (default), `"bayes"` or `"history"`.
+      estimator: a name in `DAA_RULES`: `"none"`, `"power"` (default), `"bayes"` or
+        `"history"`.
       tau: hardness threshold; a kept group is hard iff 0 < mu_g < tau.
       beta: exponent of the `power` rule.
       lambda_max: cap on lambda (>= 1).
@@ -70,10 +77,9 @@ class DAAConfig:
     denom_min: float = 1e-3
 
     def __post_init__(self):
-        if self.estimator not in _ESTIMATORS:
-            raise ValueError(
-                f"DAAConfig.estimator must be one of {_ESTIMATORS}, got {self.estimator!r}"
-            )
+        problem = DAA_RULES.check(self.estimator)  # read at call time
+        if problem:
+            raise ValueError(f"DAAConfig.estimator {problem}, got {self.estimator!r}")
         if self.apply_to not in _APPLY_TO:
             raise ValueError(
                 f"DAAConfig.apply_to must be one of {_APPLY_TO}, got {self.apply_to!r}"
@@ -88,6 +94,16 @@ class DAAConfig:
         for name in ("prior_ema", "history_decay"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"DAAConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+    @property
+    def uses_prior(self) -> bool:
+        """Whether the estimator's rule needs a `BetaPrior` (the trainer then carries one)."""
+        return DAA_RULES.get(self.estimator).uses_prior
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether the estimator's rule needs a `PromptHistory` (per-prompt counts)."""
+        return DAA_RULES.get(self.estimator).uses_history
 
 
 class BetaPrior(NamedTuple):
@@ -242,6 +258,63 @@ def update_history(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class DAARule:
+    """One lambda rule of `DAA_RULES`.
+
+    Attributes:
+      fn: `fn(mu, k, n, config, prior, history) -> [P]` lambda in [1, lambda_max] (clipping
+        and any exponent included); `mu`, `k`, `n` are `[P]` group accuracy, number correct
+        and number of valid responses; `config` is the `DAAConfig`.
+      uses_prior: the rule reads `prior` (`daa_lambda` refuses `prior=None`).
+      uses_history: the rule reads `history` (`daa_lambda` refuses `history=None`).
+    """
+
+    fn: Callable[..., jax.Array]
+    uses_prior: bool = False
+    uses_history: bool = False
+
+
+DAA_RULES: Registry[DAARule] = Registry("DAA rule")
+
+
+def _odds_mu(mu: jax.Array) -> jax.Array:
+    return jnp.maximum(odds(jnp.clip(mu, 0.0, 1 - 1e-6)), _TINY)
+
+
+def _none_lambda(mu, k, n, config, prior, history):
+    del k, n, config, prior, history
+    return jnp.ones_like(mu)
+
+
+def _power_lambda(mu, k, n, config, prior, history):
+    del k, n, prior, history
+    lam = (odds(jnp.asarray(min(config.tau, 1 - 1e-6))) / _odds_mu(mu)) ** config.beta
+    return jnp.clip(lam, 1.0, config.lambda_max)
+
+
+def _posterior_lambda(mu, alpha, beta_, config):
+    e_inv_odds = beta_ / jnp.maximum(alpha - 1, config.denom_min)
+    return jnp.clip(_odds_mu(mu) * e_inv_odds, 1.0, config.lambda_max) ** config.gamma
+
+
+def _bayes_lambda(mu, k, n, config, prior, history):
+    del history
+    return _posterior_lambda(mu, prior.a + k, prior.b + n - k, config)
+
+
+def _history_lambda(mu, k, n, config, prior, history):
+    alpha = prior.a + k + as_float(history.success)
+    beta_ = prior.b + n - k + as_float(history.failure)
+    return _posterior_lambda(mu, alpha, beta_, config)
+
+
+DAA_RULES.register("none", DAARule(_none_lambda))
+DAA_RULES.register("power", DAARule(_power_lambda))
+DAA_RULES.register("bayes", DAARule(_bayes_lambda, uses_prior=True))
+DAA_RULES.register("history", DAARule(_history_lambda, uses_prior=True, uses_history=True))
+
+
 def daa_lambda(
     mu: jax.Array,
     k: jax.Array,
@@ -252,33 +325,25 @@ def daa_lambda(
 ) -> jax.Array:
     """Per-group amplification lambda_g (before hardness gating); see the module docstring.
 
+    Dispatches to `DAA_RULES.get(config.estimator).fn`.
+
     Args:
       mu: `[P]` group accuracy k / n.
       k: `[P]` number of correct responses.
       n: `[P]` number of valid responses.
       config: `DAAConfig`.
-      prior: `BetaPrior`, required by `bayes` and `history`.
-      history: `PromptHistory`, required by `history`.
+      prior: `BetaPrior`, required by rules with `uses_prior` (`bayes`, `history`).
+      history: `PromptHistory`, required by rules with `uses_history` (`history`).
 
     Returns:
       `[P]` lambda in [1, lambda_max] (1 for estimator `"none"`).
     """
-    odds_mu = jnp.maximum(odds(jnp.clip(mu, 0.0, 1 - 1e-6)), _TINY)
-    if config.estimator == "none":
-        return jnp.ones_like(mu)
-    if config.estimator == "power":
-        lam = (odds(jnp.asarray(min(config.tau, 1 - 1e-6))) / odds_mu) ** config.beta
-        return jnp.clip(lam, 1.0, config.lambda_max)
-    if prior is None:
+    rule = DAA_RULES.get(config.estimator)
+    if rule.uses_prior and prior is None:
         raise ValueError(f"DAA estimator {config.estimator!r} needs a BetaPrior (prior=...)")
-    alpha, beta_ = prior.a + k, prior.b + n - k
-    if config.estimator == "history":
-        if history is None:
-            raise ValueError("DAA estimator 'history' needs a PromptHistory (history=...)")
-        alpha = alpha + as_float(history.success)
-        beta_ = beta_ + as_float(history.failure)
-    e_inv_odds = beta_ / jnp.maximum(alpha - 1, config.denom_min)
-    return jnp.clip(odds_mu * e_inv_odds, 1.0, config.lambda_max) ** config.gamma
+    if rule.uses_history and history is None:
+        raise ValueError(f"DAA estimator {config.estimator!r} needs a PromptHistory (history=...)")
+    return rule.fn(mu, k, n, config, prior, history)
 
 
 def apply_daa(

@@ -21,8 +21,9 @@ temperature 1, and the PPO ratio pi_theta / pi_old must compare the same distrib
 both sides; at temperature 1 without top-k/top-p, `logp == sample_logp` and rollouts are
 exactly on-policy. With temperature != 1 or top-k/top-p the tokens come from the
 behaviour distribution mu (`sample_logp`) instead of pi_old, so the update is off-policy
-by the ratio pi_old / mu; the trainer may correct with `exp(logp - sample_logp)` (e.g.
-truncated importance sampling), and tokens outside mu's support never appear at all.
+by the ratio pi_old / mu. The update corrects for it with truncated importance sampling,
+weights min(exp(logp - sample_logp), `rollout.tis_cap`) (`rl/loss.py: tis_weights`);
+tokens outside mu's support never appear at all, so nothing corrects for those.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Atomic, verified, resumable checkpoints with orbax.
 
-A checkpoint holds one device pytree (the train state and the carried RL state: the
-dynamic-sampling surplus, the DAA prior state and the per-prompt history table) and one
-JSON document of host state (data iterator position, the config fingerprint it was written
-with, and a digest of every device array). Orbax writes into a temporary folder and
+A checkpoint holds one device pytree (`{"train": TrainState, "carry": RLCarry}`: the
+policy, optimizer, step and RNG, plus the dynamic-sampling surplus, the DAA prior state
+and the per-prompt history table) and one JSON document of host state (the data
+iterator's position, the config fingerprint it was written with, whether an eval is still
+due, and a digest of every device array). Orbax writes into a temporary folder and
 renames it when complete, so a crash never leaves a half-written step; every host takes
 part in the save.
 

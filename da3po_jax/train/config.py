@@ -18,7 +18,9 @@ from da3po_jax.data.prompts import get_template
 from da3po_jax.data.readers import ANSWER_MODES
 from da3po_jax.models.presets import PRESETS
 from da3po_jax.rl import (
+    ADVANTAGE_ESTIMATORS,
     AGG_MODES,
+    DAA_RULES,
     AdvantageConfig,
     DAAConfig,
     LossConfig,
@@ -107,17 +109,20 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rollout.top_p": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
     "rollout.top_k": _non_negative,
     "rollout.logp_old": _choice("sampler", "recompute"),
+    "rollout.engine": lambda v: _engine_check(v),
     "rollout.tis_cap": lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
     "rl.train_prompts": _positive,
     "rl.mini_batch_prompts": _positive,
     "rl.micro_batch_prompts": _non_negative,
     "rl.num_iterations": _positive,
+    "adv.estimator": lambda v: ADVANTAGE_ESTIMATORS.check(v),
     "adv.norm": _choice("std", "none"),
     "adv.std_ddof": _choice(0, 1),
     "adv.eps": _non_negative,
     "ds.metric": _choice("acc", "reward"),
     "ds.max_rounds": _positive,
-    "daa.estimator": _choice("power", "bayes", "history"),
+    # "none" is refused here: daa.enable turns DAA off
+    "daa.estimator": lambda v: DAA_RULES.check(v, exclude=("none",)),
     # tau = 1 is allowed: every mixed group is hard (`power` uses odds(min(tau, 1 - 1e-6)))
     "daa.tau": lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
     "daa.beta": _positive,
@@ -170,6 +175,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "sft.check_every": _non_negative,
     "sft.check_prompts": _at_least_one,
 }
+
+
+def _engine_check(name) -> str | None:
+    from da3po_jax.train.build import ENGINES  # the registry lives with the factory
+
+    return None if name in ENGINES else f"must be one of {sorted(ENGINES)}"
 
 
 def _get(cfg, dotted: str):

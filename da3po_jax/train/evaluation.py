@@ -8,15 +8,18 @@ be the trainer's, and no cache may stay alive through the next update.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
-from da3po_jax.sampling import GenerateConfig
-from da3po_jax.train.rollout import Rollout
+from da3po_jax.rewards import RewardScorer
+from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.train.rollout import PromptEncoder, sample_and_score
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -27,12 +30,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate(
-    rollout: Rollout,
     params,
     problems: Sequence[MathProblem],
+    *,
+    sampler: Sampler,
+    encoder: PromptEncoder,
+    scorer: RewardScorer,
     gen: GenerateConfig,
     prompts_per_call: int,
     rng: jax.Array,
+    mesh: Mesh | None = None,
 ) -> dict[str, float]:
     """avg@k and pass@k over `problems` (k = gen.num_samples), overall and per tier.
 
@@ -49,12 +56,21 @@ def evaluate(
             real = len(chunk)
             chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
             rng_chunk = jax.random.fold_in(rng, start)
-            _, host = rollout.sample_and_score(params, chunk, rng_chunk, gen)
+            _, host = sample_and_score(
+                sampler,
+                params,
+                chunk,
+                rng_chunk,
+                encoder=encoder,
+                scorer=scorer,
+                gen=gen,
+                mesh=mesh,
+            )
             per_prompt.extend(host.correct[:real])
             lengths.append(host.lengths[:real])
             truncated.append(host.truncated[:real])
     finally:  # the eval cache is not kept alive past evaluation (what the planner counts)
-        rollout.sampler.clear()
+        sampler.clear()
     acc = np.stack(per_prompt) if per_prompt else np.zeros((0, k))
     tiers = defaultdict(list)
     for p, row in zip(problems, acc):
@@ -77,3 +93,33 @@ def _summary(acc: np.ndarray, k: int, suffix: str) -> dict[str, float]:
         f"eval/avg@{k}{suffix}": float(acc.mean()),
         f"eval/pass@{k}{suffix}": float(np.mean(passes)),
     }
+
+
+@dataclasses.dataclass
+class HeldoutEval:
+    """The loop's periodic held-out evaluation: `evaluate` on fixed problems, the RNG
+    folded with the step so that a resumed run evaluates exactly as an uninterrupted one."""
+
+    sampler: Sampler
+    encoder: PromptEncoder
+    scorer: RewardScorer
+    gen: GenerateConfig
+    problems: list[MathProblem]
+    prompts_per_call: int
+    seed: int
+    mesh: Mesh | None = None
+
+    def __call__(self, params, step: int) -> dict[str, float]:
+        if not self.problems:
+            return {}
+        return evaluate(
+            params,
+            self.problems,
+            sampler=self.sampler,
+            encoder=self.encoder,
+            scorer=self.scorer,
+            gen=self.gen,
+            prompts_per_call=min(self.prompts_per_call, len(self.problems)),
+            rng=jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), step),
+            mesh=self.mesh,
+        )

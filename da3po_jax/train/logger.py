@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,42 @@ def _scalar(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+class _ThreadDeaths:
+    """Exceptions that ended background threads, by thread (installed once, chained to
+    the previous `threading.excepthook`): tensorboardX's writer thread dies on a failed
+    write (a full disk), after which a put into its bounded queue would block forever."""
+
+    errors: dict[int, BaseException] = {}
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        previous = threading.excepthook
+
+        def hook(args):
+            if args.thread is not None:
+                cls.errors[args.thread.ident] = args.exc_value
+            previous(args)
+
+        threading.excepthook = hook
+
+
+def _check_tensorboard(tb, logdir: str) -> None:
+    """Raises instead of letting a write block on a dead tensorboardX writer thread."""
+    writer = getattr(getattr(tb, "file_writer", None), "event_writer", None)
+    worker = getattr(writer, "_worker", None)
+    if worker is None or worker.is_alive():
+        return
+    cause = _ThreadDeaths.errors.get(worker.ident)
+    raise OSError(
+        f"the TensorBoard writer of {logdir!r} stopped"
+        + (f": {type(cause).__name__}: {cause}" if cause else "")
+    ) from cause
 
 
 class MetricsLogger:
@@ -51,7 +88,9 @@ class MetricsLogger:
         os.makedirs(self.workdir, exist_ok=True)
         from tensorboardX import SummaryWriter  # a runtime dependency (pyproject.toml)
 
-        self._tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"))
+        _ThreadDeaths.install()
+        # a queue far larger than a row's scalars: it never fills while the writer lives
+        self._tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"), max_queue=1024)
         if self._wandb_project:
             import wandb
 
@@ -77,9 +116,11 @@ class MetricsLogger:
             )
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        for k, v in row.items():
-            if k not in ("step", "kind") and v is not None:
-                if self._tb is not None:
+        if self._tb is not None:
+            logdir = os.path.join(self.workdir, "tensorboard")
+            for k, v in row.items():
+                if k not in ("step", "kind") and v is not None:
+                    _check_tensorboard(self._tb, logdir)
                     self._tb.add_scalar(k.replace("@", "_at_"), v, step)
         if self._wandb is not None:
             # keys are already namespaced (reward/mean, eval/avg@k): logged as they are
@@ -94,7 +135,11 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
+            try:  # closing a dead writer would block on its queue
+                _check_tensorboard(self._tb, os.path.join(self.workdir, "tensorboard"))
+                self._tb.close()
+            except OSError as e:
+                log.warning("TensorBoard events not closed: %s", e)
         if self._wandb is not None:
             self._wandb.finish()
 

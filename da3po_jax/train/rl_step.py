@@ -16,9 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, struct
+from flax import nnx
 
 from da3po_jax.models import positions_from_mask
+from da3po_jax.parallel import replicated
 from da3po_jax.rl import (
     AdvantageConfig,
     BetaPrior,
@@ -26,7 +27,6 @@ from da3po_jax.rl import (
     LossConfig,
     OPDConfig,
     OverlongConfig,
-    PromptHistory,
     RAOPDConfig,
     apply_overlong,
     compute_advantages,
@@ -37,44 +37,8 @@ from da3po_jax.rl import (
     opd_advantages,
     ra_opd_mask,
 )
-from da3po_jax.train.state import TrainState
-
-
-@struct.dataclass
-class GroupBatch:
-    """Sampled groups, leading axis N groups (a dynamic-sampling buffer's items).
-
-    Attributes:
-      prompt_tokens: [N, Tp] int32, left-padded prompts.
-      prompt_mask: [N, Tp] bool.
-      tokens: [N, G, Tn] int32 responses.
-      response_mask: [N, G, Tn] bool, 1 on response tokens up to and including EOS.
-      logp_old: [N, G, Tn] float32 sampler (temperature-1) log-probs.
-      rewards: [N, G] float32 verifier rewards (overlong shaping is applied in the step).
-      correct: [N, G] float32 verifier verdicts c in {0, 1}.
-      lengths: [N, G] int32 response lengths.
-      truncated: [N, G] bool, hit the length cap without EOS.
-      prompt_index: [N] int32 dataset index of the prompt (history estimator, metrics).
-      logp_sample: [N, G, Tn] float32 log mu(token) under the sampling distribution
-        (temperature, top-k, top-p): the behaviour policy of truncated importance
-        sampling. None when the caller has no sampler output (TIS then unavailable).
-      history: the prompt's decayed success / failure counts ([N] each) as known when the
-        group was *generated* (history estimator), so a group carried over in the
-        dynamic-sampling surplus never sees its own counts. None: not tracked.
-    """
-
-    prompt_tokens: jax.Array
-    prompt_mask: jax.Array
-    tokens: jax.Array
-    response_mask: jax.Array
-    logp_old: jax.Array
-    rewards: jax.Array
-    correct: jax.Array
-    lengths: jax.Array
-    truncated: jax.Array
-    prompt_index: jax.Array
-    logp_sample: jax.Array | None = None
-    history: PromptHistory | None = None
+from da3po_jax.train.batch import GroupBatch
+from da3po_jax.train.state import TrainState, optimizer_updates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,29 +264,46 @@ def rl_update(
     Returns:
       (new state, scalar metrics).
     """
-    g = cfg.group_size
     if cfg.loss.tis_cap > 0 and batch.logp_sample is None:
         raise ValueError("loss.tis_cap > 0 needs the sampler's log-probs (batch.logp_sample)")
     adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, batch.history)
-    rows = _rows(batch, g)
+    rows = _rows(batch, cfg.group_size)
     rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
+    teacher = (teacher_graphdef, teacher_params)
+    metrics.update(_frozen_forwards(graphdef, state.params, rows, batch, cfg, ref_params, teacher))
+    params, opt_state, update_metrics = _minibatch_updates(graphdef, tx, cfg, state, rows)
+    metrics.update(update_metrics)
+    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new_state, metrics
+
+
+def _frozen_forwards(graphdef, params, rows, batch, cfg: RLStepConfig, ref_params, teacher):
+    """The forwards that take no gradient, written into `rows`: recomputed old log-probs,
+    the reference's log-probs (KL term) and, for OPD, the teacher's, which replace the
+    advantages and the loss mask. Returns the OPD metrics ({} without a teacher)."""
     fwd = jax.jit(response_logprobs, static_argnums=0)
     args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
     if cfg.recompute_logp_old:
-        rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, state.params, *args)[0])
+        rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, params, *args)[0])
     if ref_params is not None:
         rows["logp_ref"] = jax.lax.stop_gradient(fwd(graphdef, ref_params, *args)[0])
-    if cfg.opd is not None:
-        if teacher_params is None or teacher_graphdef is None:
-            raise ValueError("RLStepConfig.opd is set: rl_update needs the teacher")
-        logp_teacher = jax.lax.stop_gradient(fwd(teacher_graphdef, teacher_params, *args)[0])
-        adv, rows["loss_mask"], opd_metrics = _distillation(
-            rows, logp_teacher, batch.correct.reshape(-1), adv, cfg
-        )
-        rows["adv"] = adv
-        metrics.update(opd_metrics)
+    if cfg.opd is None:
+        return {}
+    teacher_graphdef, teacher_params = teacher
+    if teacher_params is None or teacher_graphdef is None:
+        raise ValueError("RLStepConfig.opd is set: rl_update needs the teacher")
+    logp_teacher = jax.lax.stop_gradient(fwd(teacher_graphdef, teacher_params, *args)[0])
+    rows["adv"], rows["loss_mask"], opd_metrics = _distillation(
+        rows, logp_teacher, batch.correct.reshape(-1), rows["adv"], cfg
+    )
+    return opd_metrics
 
-    mb_rows = cfg.mini_batch_prompts * g
+
+def _minibatch_updates(graphdef, tx, cfg: RLStepConfig, state: TrainState, rows):
+    """`num_iterations` passes of one optimizer update per mini-batch (a `lax.scan`);
+    an update with no valid token or a non-finite loss / gradient / update is not
+    applied. Returns (params, opt_state, metrics)."""
+    mb_rows = cfg.mini_batch_prompts * cfg.group_size
     n_mb = rows["tokens"].shape[0] // mb_rows
     minibatches = jax.tree.map(lambda x: x.reshape(n_mb, mb_rows, *x.shape[1:]), rows)
 
@@ -348,9 +329,8 @@ def rl_update(
         carry, (m, s) = jax.lax.scan(update, carry, minibatches)
         micro.append(m)
         per_mb.append(s)
-    params, opt_state = carry
     stack = lambda ms: {k: jnp.stack([m[k] for m in ms]) for k in ms[0]}
-    metrics.update(combine_metrics(stack(micro), cfg.num_iterations))
+    metrics = combine_metrics(stack(micro), cfg.num_iterations)
     per_mb = stack(per_mb)  # [iterations, mini-batches]
     applied = per_mb.pop("optim/applied")
     nonfinite = per_mb.pop("_nonfinite")
@@ -358,5 +338,70 @@ def rl_update(
     metrics["optim/updates"] = applied.sum(dtype=jnp.float32)
     metrics["optim/nonfinite_updates"] = nonfinite.sum(dtype=jnp.float32)
     metrics["optim/skipped_updates"] = (~applied).sum(dtype=jnp.float32)
-    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
-    return new_state, metrics
+    return carry[0], carry[1], metrics
+
+
+class RLUpdate:
+    """The update stage: `rl_update` jitted once, with its static settings and the frozen
+    models (reference copy, teacher) bound, so the loop calls `update(state, batch, valid,
+    prior)`.
+
+    Args:
+      graphdef: the policy's `nnx` graph definition.
+      tx: the optimizer; `schedule` its learning-rate schedule (for the `optim/lr` metric).
+      cfg: `RLStepConfig`.
+      state_shardings: the train state's shardings (kept by the output), or None.
+      mesh: metrics come back replicated over it (None: one device).
+      ref_params: frozen reference parameters (KL term), or None.
+      teacher: `(graphdef, params)` of the frozen OPD teacher, or None.
+    """
+
+    def __init__(
+        self,
+        graphdef: Any,
+        tx: optax.GradientTransformation,
+        schedule: optax.Schedule,
+        cfg: RLStepConfig,
+        *,
+        state_shardings: Any = None,
+        mesh: Any = None,
+        ref_params: Any = None,
+        teacher: tuple[Any, Any] | None = None,
+    ):
+        if cfg.opd is not None and teacher is None:
+            raise ValueError("RLStepConfig.opd is set: the update needs the teacher model")
+        self.graphdef, self.tx, self.schedule, self.cfg = graphdef, tx, schedule, cfg
+        self.ref_params = ref_params
+        self.teacher_graphdef, self.teacher_params = teacher or (None, None)
+        out = (state_shardings, replicated(mesh)) if mesh is not None else None
+        self.fn = jax.jit(
+            rl_update,
+            static_argnums=(0, 1, 2),
+            static_argnames=("teacher_graphdef",),
+            donate_argnums=(3,),
+            out_shardings=out,
+        )
+
+    def __call__(self, state: TrainState, batch: GroupBatch, valid: jax.Array, prior):
+        return self.fn(
+            self.graphdef,
+            self.tx,
+            self.cfg,
+            state,
+            batch,
+            valid,
+            prior,
+            self.ref_params,
+            self.teacher_params,
+            teacher_graphdef=self.teacher_graphdef,
+        )
+
+    def lr(self, state: TrainState) -> float:
+        """The rate of the last optimizer update applied (the schedule counts updates)."""
+        return float(self.schedule(max(optimizer_updates(state) - 1, 0)))
+
+    def forwards(self) -> int:
+        """Forward passes of the policy's architecture per row besides the training passes
+        (the recomputed old log-probs, the reference): for the FLOP count. The teacher's
+        forward is counted with its own architecture."""
+        return int(self.cfg.recompute_logp_old) + int(self.ref_params is not None)

@@ -26,6 +26,7 @@ from da3po_jax.parallel import is_main_process, make_mesh, to_host
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.sampling import Sampler
 from da3po_jax.train import config as config_lib
+from da3po_jax.train.build import RunContext, build_trainer
 from da3po_jax.train.checkpoint import (
     Checkpointer,
     check_compatible,
@@ -34,7 +35,7 @@ from da3po_jax.train.checkpoint import (
 )
 from da3po_jax.train.evaluation import evaluate
 from da3po_jax.train.logger import MetricsLogger, plot_curves, read_metrics
-from da3po_jax.train.rollout import PromptEncoder, Rollout
+from da3po_jax.train.rollout import PromptEncoder
 from da3po_jax.train.setup import (
     generate_configs,
     install_tokenizer,
@@ -44,10 +45,10 @@ from da3po_jax.train.setup import (
     tokenizer_for,
 )
 from da3po_jax.train.sft import build_sft_arrays, run_sft
-from da3po_jax.train.signals import StopRequest, stop_on_signals
+from da3po_jax.train.signals import stop_on_signals
 from da3po_jax.train.state import init_train_state, make_optimizer
 from da3po_jax.train.teacher import load_teacher
-from da3po_jax.train.trainer import NonFiniteTraining, RLTrainer, fingerprint
+from da3po_jax.train.trainer import NonFiniteTraining, RLTrainer, fingerprint  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -101,19 +102,7 @@ class _PendingLogs(logging.handlers.MemoryHandler):
         super().close()
 
 
-def sft_warm_start(
-    cfg,
-    workdir,
-    model,
-    tokenizer,
-    encoder,
-    data,
-    scorer,
-    out_dir: str,
-    mesh,
-    logs="sft_logs",
-    stop: StopRequest | None = None,
-):
+def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs"):
     """Supervised warm-up on the SFT split, exported to `out_dir` (reused when present).
 
     With `sft.stop_acc > 0` the warm-up stops at the first check (every `sft.check_every`
@@ -123,7 +112,8 @@ def sft_warm_start(
     The warm start is not checkpointed: on SIGTERM / SIGINT it stops after the current
     step and raises `Preempted` (nothing is exported; a rerun starts it again).
     """
-    arrays = build_sft_arrays(data.sft, tokenizer, encoder.render, cfg.sft.max_len)
+    cfg = ctx.cfg
+    arrays = build_sft_arrays(ctx.data.sft, ctx.tokenizer, ctx.encoder.render, cfg.sft.max_len)
     tx, _ = make_optimizer(
         cfg.optim,
         cfg.sft.steps,
@@ -132,13 +122,11 @@ def sft_warm_start(
         schedule="cosine",
         b2=0.98,
     )
-    graphdef, state = init_train_state(model, tx, cfg.seed, mesh)
-    logger = MetricsLogger(os.path.join(workdir, logs), enabled=jax.process_index() == 0)
+    graphdef, state = init_train_state(model, tx, cfg.seed, ctx.mesh)
+    logger = MetricsLogger(os.path.join(ctx.workdir, logs), enabled=jax.process_index() == 0)
     check = None
-    if cfg.sft.stop_acc > 0 and data.train:
-        check = _sft_stop_check(
-            cfg, graphdef, model.cfg, tokenizer, encoder, data, scorer, logger, mesh
-        )
+    if cfg.sft.stop_acc > 0 and ctx.data.train:
+        check = _sft_stop_check(ctx, graphdef, model.cfg, logger)
     state = run_sft(
         graphdef,
         state,
@@ -150,23 +138,32 @@ def sft_warm_start(
         on_step=lambda i, m: logger.write(i, m, kind="sft") if i % 10 == 0 else None,
         check=check,
         check_every=cfg.sft.check_every,
-        mesh=mesh,
-        stop=stop,
+        mesh=ctx.mesh,
+        stop=ctx.stop,
     )
     model = nnx.merge(graphdef, state.params)
-    _export(model, out_dir, _tokenizer_dir(cfg, workdir))
+    _export(model, out_dir, _tokenizer_dir(cfg, ctx.workdir))
     logger.close()
     return model
 
 
-def _sft_stop_check(cfg, graphdef, model_cfg, tokenizer, encoder, data, scorer, logger, mesh):
-    gen = generate_configs(cfg, tokenizer)[0].replace(num_samples=4)
-    rollout = Rollout(Sampler(graphdef, model_cfg, gen), encoder, scorer, gen, 0, {}, mesh)
-    problems = data.train[: cfg.sft.check_prompts]
+def _sft_stop_check(ctx: RunContext, graphdef, model_cfg, logger):
+    cfg = ctx.cfg
+    gen = generate_configs(cfg, ctx.tokenizer)[0].replace(num_samples=4)
+    sampler = Sampler(graphdef, model_cfg, gen)
+    problems = ctx.data.train[: cfg.sft.check_prompts]
 
     def check(state, step: int) -> bool:
         metrics = evaluate(
-            rollout, state.params, problems, gen, len(problems), jax.random.PRNGKey(cfg.seed + step)
+            state.params,
+            problems,
+            sampler=sampler,
+            encoder=ctx.encoder,
+            scorer=ctx.scorer,
+            gen=gen,
+            prompts_per_call=len(problems),
+            rng=jax.random.PRNGKey(cfg.seed + step),
+            mesh=ctx.mesh,
         )
         acc = metrics["eval/avg@4"]
         logger.write(step, {"sft/check_acc": acc}, kind="sft")
@@ -248,11 +245,10 @@ def train(config, workdir: str) -> dict[str, Any]:
         )
         try:
             with stop_on_signals() as stop:
+                ctx = RunContext(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
                 if cfg.stage == "sft":
-                    return _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
-                return _rl_stage(
-                    cfg, workdir, tokenizer, encoder, data, scorer, mesh, model, stop, accept
-                )
+                    return _sft_stage(ctx)
+                return _rl_stage(ctx, model, accept)
         finally:
             scorer.close()
     finally:
@@ -260,38 +256,28 @@ def train(config, workdir: str) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _rl_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, model, stop, accept):
+def _rl_stage(ctx: RunContext, model, accept) -> dict[str, Any]:
+    cfg = ctx.cfg
     distil = cfg.algo in config_lib.DISTILLATION
     if distil:
-        _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
+        _build_teacher(ctx)
     if model is None:
-        model = _warm_start_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
+        model = _warm_start_policy(ctx)
     teacher, teacher_eval = None, {}
     if distil:
-        probes = [encoder.render(p) for p in data.train[:2]]
-        teacher = load_teacher(cfg, tokenizer, model, mesh, probes)
+        probes = [ctx.encoder.render(p) for p in ctx.data.train[:2]]
+        teacher = load_teacher(cfg, ctx.tokenizer, model, ctx.mesh, probes)
         if cfg.teacher.eval:
-            teacher_eval = _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh)
-    trainer = RLTrainer(
-        cfg,
-        workdir,
-        model,
-        encoder,
-        data,
-        scorer,
-        mesh,
-        teacher=teacher,
-        stop=stop,
-        on_resumed=accept,
-    )
+            teacher_eval = _teacher_eval(ctx, teacher)
+    trainer = build_trainer(ctx, model, teacher, on_resumed=accept)
     try:
         evals = trainer.run()
     finally:
         trainer.close()
     if cfg.train.export_final:
-        policy = nnx.merge(trainer.graphdef, trainer.state.params)
-        _export(policy, os.path.join(workdir, "final_model"), _tokenizer_dir(cfg, workdir))
-    return _finish(cfg, workdir, trainer, evals, teacher_eval)
+        policy = nnx.merge(trainer.update.graphdef, trainer.state.params)
+        _export(policy, os.path.join(ctx.workdir, "final_model"), _tokenizer_dir(cfg, ctx.workdir))
+    return _finish(cfg, ctx.workdir, trainer, evals, teacher_eval)
 
 
 def _check_workdir(cfg, workdir: str) -> None:
@@ -341,50 +327,37 @@ def _load_policy(cfg, workdir, tokenizer, mesh):
     return None
 
 
-def _warm_start_policy(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop):
-    sft_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
+def _warm_start_policy(ctx: RunContext):
+    cfg = ctx.cfg
+    sft_dir = cfg.sft.out_dir or os.path.join(ctx.workdir, "sft_model")
     log.info("warm start: %d SFT steps (cached in %s)", cfg.sft.steps, sft_dir)
-    model = policy_model(cfg, tokenizer, mesh=mesh)
-    return sft_warm_start(
-        cfg, workdir, model, tokenizer, encoder, data, scorer, sft_dir, mesh, stop=stop
-    )
+    model = policy_model(cfg, ctx.tokenizer, mesh=ctx.mesh)
+    return sft_warm_start(ctx, model, sft_dir)
 
 
-def _build_teacher(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop=None) -> None:
+def _build_teacher(ctx: RunContext) -> None:
     """Builds a missing `teacher.path` by an SFT warm start of `teacher.sft_steps` steps
     (stopping at `teacher.sft_stop_acc`): the tiny demo's teacher is the student's model
     trained longer. Built once and reused by every run that points at the folder."""
-    t = cfg.teacher
+    t = ctx.cfg.teacher
     if t.path and t.sft_steps and not os.path.isfile(os.path.join(t.path, "config.json")):
         log.info("teacher: building %s by up to %d SFT steps", t.path, t.sft_steps)
-        build = cfg.as_configdict()
+        build = ctx.cfg.as_configdict()
         build.sft.steps, build.sft.stop_acc = t.sft_steps, t.sft_stop_acc
-        build = config_dict.FrozenConfigDict(build)
-        model = policy_model(build, tokenizer, mesh=mesh)
-        sft_warm_start(
-            build,
-            workdir,
-            model,
-            tokenizer,
-            encoder,
-            data,
-            scorer,
-            t.path,
-            mesh,
-            "teacher_logs",
-            stop=stop,
-        )
+        build = ctx.replace(cfg=config_dict.FrozenConfigDict(build))
+        model = policy_model(build.cfg, ctx.tokenizer, mesh=ctx.mesh)
+        sft_warm_start(build, model, t.path, "teacher_logs")
 
 
-def _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh) -> dict[str, float]:
+def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
     """The teacher's held-out accuracy (the level OPD pulls the student towards), computed
     once per workdir and cached in `teacher_eval.json`."""
-    path = os.path.join(workdir, "teacher_eval.json")
+    path = os.path.join(ctx.workdir, "teacher_eval.json")
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f)
-    metrics = _heldout_eval(cfg, teacher, encoder, data, scorer, mesh)
-    k = cfg.eval.num_samples
+    metrics = _heldout_eval(ctx, teacher)
+    k = ctx.cfg.eval.num_samples
     log.info("teacher held-out avg@%d: %.3f", k, metrics.get(f"eval/avg@{k}", float("nan")))
     if is_main_process():
         with open(path, "w") as f:
@@ -392,32 +365,33 @@ def _teacher_eval(cfg, workdir, teacher, encoder, data, scorer, mesh) -> dict[st
     return metrics
 
 
-def _heldout_eval(cfg, model, encoder, data, scorer, mesh) -> dict[str, float]:
-    if not data.heldout:
+def _heldout_eval(ctx: RunContext, model) -> dict[str, float]:
+    cfg = ctx.cfg
+    if not ctx.data.heldout:
         return {}
     graphdef, params = nnx.split(model)
-    gen = generate_configs(cfg, encoder.tokenizer)[1]
-    rollout = Rollout(Sampler(graphdef, model.cfg, gen), encoder, scorer, gen, 0, {}, mesh)
-    problems = data.heldout[: cfg.eval.max_prompts or None]
+    gen = generate_configs(cfg, ctx.tokenizer)[1]
+    problems = ctx.data.heldout[: cfg.eval.max_prompts or None]
     return evaluate(
-        rollout,
         params,
         problems,
-        gen,
-        min(cfg.eval.prompts_per_call, len(problems)),
-        jax.random.PRNGKey(cfg.seed + 1),
+        sampler=Sampler(graphdef, model.cfg, gen),
+        encoder=ctx.encoder,
+        scorer=ctx.scorer,
+        gen=gen,
+        prompts_per_call=min(cfg.eval.prompts_per_call, len(problems)),
+        rng=jax.random.PRNGKey(cfg.seed + 1),
+        mesh=ctx.mesh,
     )
 
 
-def _sft_stage(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop) -> dict[str, Any]:
-    out_dir = cfg.sft.out_dir or os.path.join(workdir, "sft_model")
-    model = policy_model(cfg, tokenizer, mesh=mesh)
-    model = sft_warm_start(
-        cfg, workdir, model, tokenizer, encoder, data, scorer, out_dir, mesh, stop=stop
-    )
+def _sft_stage(ctx: RunContext) -> dict[str, Any]:
+    cfg = ctx.cfg
+    out_dir = cfg.sft.out_dir or os.path.join(ctx.workdir, "sft_model")
+    model = sft_warm_start(ctx, policy_model(cfg, ctx.tokenizer, mesh=ctx.mesh), out_dir)
     summary: dict[str, Any] = {"sft_model": out_dir}
-    if data.heldout:
-        summary["eval"] = _heldout_eval(cfg, model, encoder, data, scorer, mesh)
+    if ctx.data.heldout:
+        summary["eval"] = _heldout_eval(ctx, model)
         log.info("SFT held-out: %s", summary["eval"])
     return summary
 

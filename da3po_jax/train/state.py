@@ -102,4 +102,6 @@ def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: 
         state = state.replace(
             **jax.device_put({"step": state.step, "rng": state.rng}, replicated(mesh))
         )
+    else:  # committed, as the update's outputs are: else the second step compiles again
+        state = jax.device_put(state, jax.devices()[0])
     return graphdef, state

@@ -84,6 +84,12 @@ BAD = [
     ({"mesh.shape": (0, 1, 1)}, "config.mesh.shape=(0, 1, 1): entries must be positive"),
     # checks that existed before
     ({"rollout.group_size": 1}, "config.rollout.group_size=1 must be >= 2"),
+    ({"rollout.engine": "vllm"}, "config.rollout.engine='vllm' must be one of ['static']"),
+    ({"adv.estimator": "ppo"}, "config.adv.estimator='ppo' must be one of ['grpo', 'rloo']"),
+    (
+        {"daa.estimator": "none"},
+        "config.daa.estimator='none' must be one of ['power', 'bayes', 'history']",
+    ),
     ({"rollout.top_p": 0.0}, "config.rollout.top_p=0.0 must be in (0, 1]"),
     ({"eval.num_samples": 0}, "config.eval.num_samples=0 must be > 0"),
     ({"eval.max_prompts": -1}, "config.eval.max_prompts=-1 must be >= 0"),

@@ -22,10 +22,10 @@ from da3po_jax.parallel import make_mesh
 from da3po_jax.plan import plan_memory
 from da3po_jax.sampling import GenerateConfig, Sampler
 from da3po_jax.train import config as config_lib
-from da3po_jax.train.rl_step import GroupBatch
+from da3po_jax.train.batch import GroupBatch
+from da3po_jax.train.build import RunContext, build_trainer
 from da3po_jax.train.rollout import PromptEncoder
 from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer, tokenizer_for
-from da3po_jax.train.trainer import RLTrainer
 
 
 class LiveBytes:
@@ -112,17 +112,18 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
     data = load_datasets(cfg)
     encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
     model = policy_model(cfg, tokenizer, mesh=mesh)
-    trainer = RLTrainer(cfg, workdir, model, encoder, data, HashScorer(), mesh)
+    ctx = RunContext(cfg, workdir, tokenizer, encoder, data, HashScorer(), mesh)
+    trainer = build_trainer(ctx, model)
     del model  # its buffers are the policy's (the first update donates them)
 
     c.tokenizer.vocab_size = tokenizer.vocab_size  # the model's real vocabulary
-    plan = plan_memory(c, num_devices=1, prompt_len=trainer.train_prompt_len)
+    plan = plan_memory(c, num_devices=1, prompt_len=trainer.collector.engine.prompt_len)
     resident = plan.params + plan.optimizer + plan.reference + plan.teacher + plan.batch
     assert plan.reference == plan.params > 0 and plan.gathered == 0
     assert plan.params == _nbytes(trainer.state.params)
     assert plan.optimizer == _nbytes(trainer.state.opt_state)
 
-    sampler = trainer.rollout.sampler
+    sampler = trainer.collector.engine.sampler
     cache_shapes: set[tuple[int, ...]] = set()
     held: list[tuple[int, int]] = []  # (caches held, their bytes) after each generate call
     generate = sampler.generate
@@ -136,7 +137,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
 
     sampler.generate = recording_generate
     at_update: dict[str, object] = {}
-    update = trainer._update
+    update = trainer.update.fn
 
     def measuring_update(*args, **kwargs):
         at_update["bytes"] = live()
@@ -145,7 +146,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
         at_update["batch"] = sum(_nbytes(a) for a in args if isinstance(a, GroupBatch))
         return update(*args, **kwargs)
 
-    trainer._update = measuring_update
+    trainer.update.fn = measuring_update
 
     def no_cache_alive() -> bool:
         return not cache_shapes & {x.shape for x in live.arrays()}
@@ -158,7 +159,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
         assert at_update["held"] == 0 and not cache_shapes & at_update["shapes"]
         assert at_update["bytes"] == pytest.approx(resident, rel=0.1)
         # the batch term: the step's groups and the surplus carried to the next step
-        surplus = _nbytes(trainer.aux["surplus"])
+        surplus = _nbytes(trainer.carry.surplus)
         assert plan.batch == pytest.approx(at_update["batch"] + surplus, rel=0.01)
         trainer.evaluate()
         assert no_cache_alive() and sampler.cache_nbytes == 0

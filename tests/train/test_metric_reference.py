@@ -29,7 +29,9 @@ from test_train_smoke import HashScorer, micro_config, read_rows  # noqa: E402
 import da3po_jax.train.run as run_lib  # noqa: E402
 from da3po_jax.train import train  # noqa: E402
 
-REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "metric_reference.json")
+REFERENCE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "data", "metric_reference.json"
+)
 TOLERANCE = 1e-6  # absolute, and relative to the reference value's magnitude
 # measured wall-clock times and rates derived from them; metrics added after the
 # reference was recorded (compile counts, FLOP rates) are not compared

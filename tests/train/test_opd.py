@@ -19,9 +19,10 @@ from da3po_jax.models import get_preset, init_model, positions_from_mask, save_m
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.rl import AdvantageConfig, LossConfig, OPDConfig, OverlongConfig, RAOPDConfig
 from da3po_jax.train import train
+from da3po_jax.train.batch import GroupBatch
 from da3po_jax.train.checkpoint import Checkpointer, CheckpointError
 from da3po_jax.train.config import resolve_config
-from da3po_jax.train.rl_step import GroupBatch, RLStepConfig, rl_update
+from da3po_jax.train.rl_step import RLStepConfig, rl_update
 from da3po_jax.train.state import init_train_state
 from da3po_jax.train.teacher import check_same_tokenizer, load_teacher
 

@@ -14,14 +14,17 @@ import pytest
 
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.rl import (
+    ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
     DAAConfig,
     LossConfig,
     OverlongConfig,
     compute_advantages,
     da3po_loss,
+    grpo_advantages,
 )
-from da3po_jax.train.rl_step import GroupBatch, RLStepConfig, response_logprobs, rl_update
+from da3po_jax.train.batch import GroupBatch
+from da3po_jax.train.rl_step import RLStepConfig, response_logprobs, rl_update
 from da3po_jax.train.state import init_train_state, optimizer_updates
 
 N, G, TP, TN, V = 2, 4, 5, 6, 64
@@ -175,3 +178,35 @@ def test_truncated_importance_sampling_in_the_step():
     np.testing.assert_allclose(met["loss/tis_capped_frac"], (w[m] >= cap).mean(), rtol=1e-5)
     with pytest.raises(ValueError, match="logp_sample"):
         _run(cfg, batch.replace(logp_sample=None))
+
+
+def test_a_new_advantage_estimator_is_one_function_and_one_registration():
+    """What adding an estimator takes: a function of (rewards [P, G], valid, config) and a
+    `register` call; the update then trains with it, chosen by name. RLOO's advantage is
+    G / (G - 1) times the centred reward, so an estimator registered here that computes
+    that must give the very update `rloo` gives (and not GRPO's)."""
+    name = "scaled-centred (test)"
+
+    def scaled_centred(rewards, valid, config):
+        g = rewards.shape[1]
+        return g / (g - 1) * grpo_advantages(rewards, g, valid=valid, norm="none")
+
+    sgd = optax.sgd(0.1)  # Adam's normalisation would blow up float noise near g = 0
+    ADVANTAGE_ESTIMATORS.register(name, scaled_centred)
+    try:
+        cfg = _cfg(adv=AdvantageConfig(estimator=name))
+        _, before, custom, met = _run(cfg, _batch(), tx=sgd)
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister(name)
+    _, _, rloo, met_rloo = _run(_cfg(adv=AdvantageConfig(estimator="rloo")), _batch(), tx=sgd)
+    _, _, grpo, _ = _run(_cfg(), _batch(), tx=sgd)
+    # group [1, 0, 0, 0]: A = 1 (correct), -1/3 (wrong); group [1, 1, 0, 0]: A = +-2/3
+    assert met["adv/abs_mean"] == pytest.approx((4 * 0.5 + 4 * 2 / 3) / 8, rel=1e-6)
+    assert met_rloo["adv/abs_mean"] == pytest.approx(met["adv/abs_mean"], rel=1e-6)
+    leaves = lambda t: [np.asarray(x) for x in jax.tree.leaves(t.params)]  # noqa: E731
+    for x, y in zip(leaves(custom), leaves(rloo), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    assert not all(np.allclose(x, y) for x, y in zip(leaves(rloo), leaves(grpo)))
+    assert not all(np.array_equal(x, y) for x, y in zip(leaves(rloo), leaves(before)))
+    with pytest.raises(ValueError, match="scaled-centred"):  # unregistered: refused by name
+        AdvantageConfig(estimator=name)

@@ -16,9 +16,10 @@ from test_train_smoke import micro_config, read_rows
 import da3po_jax.train.run as run_lib
 from da3po_jax.parallel import to_host
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
+from da3po_jax.rl import PromptHistory
 from da3po_jax.train import train
+from da3po_jax.train.collector import Collector, add_to_history
 from da3po_jax.train.logger import MetricsLogger
-from da3po_jax.train.trainer import RLTrainer, add_to_history
 
 G = 4
 
@@ -39,30 +40,25 @@ class FirstCorrectScorer:
         pass
 
 
-class SpyTrainer(RLTrainer):
-    """Records what each update receives: the batch's history counts and prompt ids, and
-    the trainer's history table at that moment."""
+SEEN: list[dict[str, np.ndarray]] = []
 
-    seen: list[dict[str, np.ndarray]] = []
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        inner = self._update
+def spy_after_update(self, carry, collected):
+    """Records what each update received: the batch's history counts and prompt ids, and
+    the history table at that moment (before this step's outcomes are added)."""
+    SEEN.append(
+        {
+            "success": to_host(collected.batch.history.success),
+            "failure": to_host(collected.batch.history.failure),
+            "index": to_host(collected.batch.prompt_index),
+            "valid": to_host(collected.valid),
+            "table": to_host(carry.history.success) + to_host(carry.history.failure),
+        }
+    )
+    return ORIGINAL_AFTER_UPDATE(self, carry, collected)
 
-        def spy(graphdef, tx, cfg, state, items, valid, *rest, **kw):
-            SpyTrainer.seen.append(
-                {
-                    "success": to_host(items.history.success),
-                    "failure": to_host(items.history.failure),
-                    "index": to_host(items.prompt_index),
-                    "valid": to_host(valid),
-                    "table": to_host(self.aux["history"]["success"])
-                    + to_host(self.aux["history"]["failure"]),
-                }
-            )
-            return inner(graphdef, tx, cfg, state, items, valid, *rest, **kw)
 
-        self._update = spy
+ORIGINAL_AFTER_UPDATE = Collector.after_update
 
 
 @pytest.mark.slow
@@ -75,8 +71,8 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
     The lr metric is the rate of the step's last optimizer update (2 per step here); with
     tempered sampling the update applies truncated importance weights."""
     monkeypatch.setattr(run_lib, "RewardScorer", FirstCorrectScorer)
-    monkeypatch.setattr(run_lib, "RLTrainer", SpyTrainer)
-    SpyTrainer.seen = []
+    monkeypatch.setattr(Collector, "after_update", spy_after_update)
+    SEEN.clear()
     cfg = micro_config(
         "da3po",
         **{
@@ -109,7 +105,7 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
             assert 0.0 < r["loss/tis_weight_mean"] <= 2.0
     if estimator != "history":
         return
-    step1, step2, _ = SpyTrainer.seen
+    step1, step2, _ = SEEN
     for seen in (step1, step2):  # first epoch: nothing was known before generation
         np.testing.assert_array_equal(seen["success"], 0.0)
         np.testing.assert_array_equal(seen["failure"], 0.0)
@@ -120,18 +116,18 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
 
 def test_history_applies_repeated_prompts_in_order():
     """Prompt 3 drawn twice in one step: both updates count, one after the other."""
-    table = {"success": np.zeros(6), "failure": np.zeros(6)}
-    table["success"][3], table["failure"][3] = 2.0, 6.0
+    table = PromptHistory(np.zeros(6), np.zeros(6))
+    table.success[3], table.failure[3] = 2.0, 6.0
     idx = np.array([3, 5, 3, -1])
     correct = np.array([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
     d = 0.5
     new = add_to_history(table, idx, correct, G, d)
-    np.testing.assert_allclose(new["success"][3], d * (d * 2.0 + 1) + 2)
-    np.testing.assert_allclose(new["failure"][3], d * (d * 6.0 + 3) + 2)
-    np.testing.assert_allclose([new["success"][5], new["failure"][5]], [3.0, 1.0])
+    np.testing.assert_allclose(new.success[3], d * (d * 2.0 + 1) + 2)
+    np.testing.assert_allclose(new.failure[3], d * (d * 6.0 + 3) + 2)
+    np.testing.assert_allclose([new.success[5], new.failure[5]], [3.0, 1.0])
     untouched = [0, 1, 2, 4]
-    np.testing.assert_array_equal(new["success"][untouched], 0.0)
-    np.testing.assert_array_equal(table["success"][3], 2.0)  # the input is not modified
+    np.testing.assert_array_equal(new.success[untouched], 0.0)
+    np.testing.assert_array_equal(table.success[3], 2.0)  # the input is not modified
 
 
 def _rows(path):
@@ -177,3 +173,35 @@ def test_wandb_run_id_is_kept_and_keys_are_not_doubled(tmp_path, monkeypatch):
     assert runs[0].kwargs["resume"] == "allow"
     assert open(os.path.join(tmp_path, "wandb_id.txt")).read().strip() == "abc123"
     assert runs[1].logged == [(5, {"eval/avg@4": 0.5, "reward/mean": 0.25})]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_tensorboard_writer_raises_instead_of_blocking(tmp_path):
+    """tensorboardX writes events on a thread that dies on a failed write (a full disk);
+    a later put into its bounded queue used to block the run forever. Now the next
+    write raises the thread's error and close() returns."""
+    import threading
+
+    logger = MetricsLogger(str(tmp_path))
+    logger.write(1, {"x": 1.0})
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    logger._tb.file_writer.event_writer._ev_writer.write_event = full_disk
+    outcome: dict[str, BaseException] = {}
+
+    def keep_writing():
+        try:
+            for step in range(2, 5000):
+                logger.write(step, {"x": float(step), "y": 2.0})
+        except OSError as e:
+            outcome["error"] = e
+        logger.close()
+
+    worker = threading.Thread(target=keep_writing, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the logger blocked on the dead TensorBoard writer"
+    assert "No space left on device" in str(outcome["error"])
+    assert "TensorBoard writer" in str(outcome["error"])

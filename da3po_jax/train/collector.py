@@ -1,0 +1,350 @@
+"""The collect stage of an RL step: prompts in, one full batch of kept groups out.
+
+`Collector` owns the prompt iterator (the data position), asks the rollout engine for
+scored groups, runs dynamic sampling (the keep mask and the fixed-capacity buffer, jitted;
+the loop over rounds and the round cap, on the host) and updates the state carried from
+step to step, `RLCarry`: the dynamic-sampling surplus, the DAA prior's moment EMA and the
+per-prompt history table. A checkpoint is the train state + this carry + the iterator's
+position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh
+
+from da3po_jax.data import PromptIterator
+from da3po_jax.parallel import replicated, to_host
+from da3po_jax.rl import (
+    BetaPrior,
+    DSBuffer,
+    OverlongConfig,
+    PriorState,
+    PromptHistory,
+    apply_overlong,
+    ds_add_round,
+    ds_empty_buffer,
+    ds_keep_mask,
+    ds_take,
+    group_accuracy,
+    init_prior_state,
+    prior_from_state,
+    update_history,
+    update_prior_state,
+)
+from da3po_jax.train.batch import GroupBatch, ScoredGroups
+from da3po_jax.train.engine import RolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+@struct.dataclass
+class RLCarry:
+    """The RL state carried across steps besides the train state.
+
+    Attributes:
+      surplus: kept groups that did not fit the last batch (seed of the next one).
+      prior: EMA of the group-accuracy moments (the Beta prior of `bayes` / `history`).
+      history: the per-prompt table of decayed success / failure counts, indexed by the
+        prompt's position in the training set (`history` estimator; zeros otherwise).
+    """
+
+    surplus: DSBuffer
+    prior: PriorState
+    history: PromptHistory
+
+
+@dataclasses.dataclass(frozen=True)
+class DSConfig:
+    """Static settings of one dynamic-sampling round (hashable: a jit static argument).
+
+    Attributes:
+      enable: keep only groups whose `metric` varies (DAPO); off keeps every group.
+      metric: `"acc"` (correctness) or `"reward"` (the reward after overlong shaping).
+      group_size: G.
+      overlong: the shaping applied to rewards before the `reward` metric is tested.
+    """
+
+    enable: bool
+    metric: str
+    group_size: int
+    overlong: OverlongConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    """Settings of the collect stage.
+
+    Attributes:
+      capacity: groups per training batch (`rl.train_prompts`).
+      round_size: prompts per generation round.
+      max_rounds: generation rounds per step at most (1 without dynamic sampling).
+      ds: the round's keep rule.
+      prior_ema: decay of the prior's moment EMA.
+      history_decay: decay of the per-prompt counts (when `track_history`).
+      use_prior: the DAA rule reads the Beta prior (the update gets `prior(carry)`).
+      track_history: the DAA rule reads the per-prompt history table.
+    """
+
+    capacity: int
+    round_size: int
+    max_rounds: int
+    ds: DSConfig
+    prior_ema: float = 0.9
+    history_decay: float = 0.5
+    use_prior: bool = False
+    track_history: bool = False
+
+
+@dataclasses.dataclass
+class Collected:
+    """One step's batch: `train_prompts` slots of groups, `valid` marking the filled ones,
+    every generated round's (prompt index, correct) for the history table, and the
+    collect stage's host metrics."""
+
+    batch: GroupBatch
+    valid: jax.Array
+    generated: list[tuple[jax.Array, jax.Array]]
+    metrics: dict[str, float]
+
+
+def ds_round_update(buffer: DSBuffer, items: GroupBatch, cfg: DSConfig):
+    """Adds a round's kept groups to the buffer (jit with `cfg` static).
+
+    The keep mask is DAPO's (non-zero variance of the metric within the group), computed
+    on the shaped reward R + R_len when `cfg.metric == "reward"`; with dynamic sampling
+    off every group is kept. Returns (buffer, the kept groups that did not fit, keep [N],
+    group accuracy [N]).
+    """
+    n = items.tokens.shape[0]
+    correct = items.correct.reshape(-1)
+    rewards, _ = apply_overlong(
+        items.rewards, items.lengths, items.truncated, items.response_mask, cfg.overlong
+    )
+    if cfg.enable:
+        keep = ds_keep_mask(correct, rewards.reshape(-1), cfg.group_size, metric=cfg.metric)
+    else:
+        keep = jnp.ones((n,), jnp.bool_)
+    buffer, surplus = ds_add_round(buffer, items, keep)
+    mu, _, _ = group_accuracy(correct, cfg.group_size)
+    return buffer, surplus, keep, mu
+
+
+class Collector:
+    """Fills one training batch per step from a rollout engine (see the module docstring).
+
+    Args:
+      engine: any `RolloutEngine`.
+      iterator: the training prompts' `PromptIterator` (every host walks the same stream).
+      config: `CollectConfig`.
+      mesh: the carried arrays are replicated over it (None: one device).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        iterator: PromptIterator,
+        config: CollectConfig,
+        mesh: Mesh | None = None,
+    ):
+        self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
+        self.round_update = jax.jit(ds_round_update, static_argnums=(2,))
+        self._seed_buffer = jax.jit(ds_add_round)
+        self._take = jax.jit(ds_take, static_argnums=(1,))
+        self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
+
+    def initial_carry(self, num_prompts: int) -> RLCarry:
+        """An empty surplus, a fresh prior and a zero table for `num_prompts` prompts."""
+        c, e = self.config, self.engine
+        like = GroupBatch.zeros(c.round_size, e.group_size, e.prompt_len, e.max_new_tokens)
+        carry = RLCarry(
+            surplus=ds_empty_buffer(like, c.round_size),
+            prior=init_prior_state(),
+            history=PromptHistory(jnp.zeros(num_prompts), jnp.zeros(num_prompts)),
+        )
+        # committed like the arrays the steps put back (an uncommitted input compiles anew)
+        return jax.device_put(carry, replicated(self.mesh) if self.mesh else jax.devices()[0])
+
+    def collect(self, params, carry: RLCarry, keys: jax.Array) -> tuple[Collected, RLCarry]:
+        """Admits rounds of prompts (round `r` drawn with `keys[r]`) while the batch lacks
+        kept groups and fewer than `max_rounds` ran, and adds every finished group as it
+        comes back, until the engine has nothing in flight: every generated group lands
+        in the batch or in the next step's surplus (one round of slots; a streaming
+        engine that returns more after the batch is full has the excess dropped, with a
+        warning). Returns the batch and the new carry."""
+        cfg = self.config
+        self.engine.sync_weights(params)
+        pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + cfg.round_size)
+        pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
+        stats = RoundStats(cfg.max_rounds * cfg.round_size)
+        generated: list[tuple[jax.Array, jax.Array]] = []
+        rounds = 0
+        while True:
+            wanted = int(pending.count) < cfg.capacity
+            while wanted and rounds < cfg.max_rounds and self.engine.capacity() >= cfg.round_size:
+                self.engine.admit(self.iterator.next_batch(cfg.round_size), keys[rounds])
+                rounds += 1
+            done = self.engine.finished()
+            if not done:
+                break
+            for groups in done:
+                items = groups.batch.replace(history=self._history_of(carry, groups.batch))
+                generated.append((items.prompt_index, items.correct))
+                pending, dropped, keep, mu = self.round_update(pending, items, cfg.ds)
+                stats.add(groups, to_host(keep), to_host(mu), int(dropped.count))
+        batch, surplus = self._take(pending, cfg.capacity)
+        count = int(batch.count)
+        self._warn(rounds, count, stats.dropped)
+        acc, acc_valid = stats.group_accuracies()
+        prior = self._prior_update(carry.prior, acc, acc_valid, cfg.prior_ema)
+        carry = carry.replace(surplus=surplus, prior=prior)
+        metrics = stats.summary(rounds, count, cfg.capacity, int(surplus.count))
+        return Collected(batch.items, batch.valid, generated, metrics), carry
+
+    def _warn(self, rounds: int, count: int, dropped: int) -> None:
+        cfg = self.config
+        if count < cfg.capacity:
+            log.warning(
+                "dynamic sampling reached ds.max_rounds=%d with %d of %d groups; "
+                "training on what was kept",
+                cfg.max_rounds,
+                count,
+                cfg.capacity,
+            )
+        if dropped:
+            log.warning(
+                "%d kept groups did not fit the batch and one round of surplus (%d rounds "
+                "admitted): dropped",
+                dropped,
+                rounds,
+            )
+
+    def _history_of(self, carry: RLCarry, batch: GroupBatch) -> PromptHistory:
+        """What the table knows of the round's prompts before generation (0 for prompts
+        outside it, and everywhere when the table is not tracked)."""
+        n = batch.num_groups
+        if not self.config.track_history:
+            return PromptHistory(jnp.zeros(n), jnp.zeros(n))
+        idx = batch.prompt_index
+        known, safe = idx >= 0, jnp.maximum(idx, 0)
+        return PromptHistory(
+            jnp.where(known, carry.history.success[safe], 0.0),
+            jnp.where(known, carry.history.failure[safe], 0.0),
+        )
+
+    def prior(self, carry: RLCarry) -> BetaPrior | None:
+        """The Beta prior the update's DAA rule reads (None when it reads none)."""
+        if not self.config.use_prior:
+            return None
+        return prior_from_state(carry.prior, self.config.ds.group_size)
+
+    def after_update(self, carry: RLCarry, collected: Collected) -> RLCarry:
+        """Adds this step's outcomes to the history table: every generated group,
+        including those dynamic sampling filtered (all wrong / all right), which carry most
+        of the information about a hard prompt (docs/algorithms.md, `history`).
+
+        Runs after the update, so the step's own groups never see their counts."""
+        if not self.config.track_history or not collected.generated:
+            return carry
+        table = add_to_history(
+            PromptHistory(*(to_host(x) for x in carry.history)),
+            np.concatenate([to_host(i) for i, _ in collected.generated]),
+            np.concatenate([to_host(c) for _, c in collected.generated]),
+            self.config.ds.group_size,
+            self.config.history_decay,
+        )
+        placed = jax.device_put(table, replicated(self.mesh)) if self.mesh else table
+        return carry.replace(history=PromptHistory(*(jnp.asarray(x) for x in placed)))
+
+
+def add_to_history(
+    table: PromptHistory, idx: np.ndarray, correct: np.ndarray, g: int, decay: float
+) -> PromptHistory:
+    """The history table (host arrays) after the groups `idx` [M] (dataset indices, -1 =
+    not in the table) with verdicts `correct` [M, G], applied in order (`update_history`
+    each).
+
+    A prompt drawn twice in one step (an epoch boundary) gets both updates, one after
+    the other: s <- decay (decay s + k1) + k2. A plain scatter would keep only one.
+    """
+    success, failure = (np.array(x, np.float32) for x in table)
+    rank = _occurrence_rank(idx)
+    for r in range(int(rank.max(initial=-1)) + 1):
+        sel = (rank == r) & (idx >= 0)  # each prompt at most once per pass
+        rows = idx[sel]
+        new = update_history(PromptHistory(success[rows], failure[rows]), correct[sel], g, decay)
+        success[rows] = np.asarray(new.success)
+        failure[rows] = np.asarray(new.failure)
+    return PromptHistory(success, failure)
+
+
+def _occurrence_rank(idx: np.ndarray) -> np.ndarray:
+    """rank[j] = number of earlier entries equal to idx[j] (0 for a first occurrence)."""
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    start = np.r_[True, sorted_idx[1:] != sorted_idx[:-1]]
+    first = np.maximum.accumulate(np.where(start, np.arange(idx.size), 0))
+    rank = np.empty(idx.size, np.int64)
+    rank[order] = np.arange(idx.size) - first
+    return rank
+
+
+class RoundStats:
+    """Host-side sums over the generation rounds of one step; `max_groups` is the size of
+    the fixed-shape accuracy array the prior update reads."""
+
+    def __init__(self, max_groups: int):
+        self.scores, self.kept, self.dropped = [], [], 0
+        self.acc = np.zeros(max_groups, np.float32)
+        self.acc_valid = np.zeros(max_groups, np.bool_)
+        self._filled = 0
+
+    def add(self, groups: ScoredGroups, keep: np.ndarray, mu: np.ndarray, dropped: int) -> None:
+        self.scores.append(groups.scores)
+        self.dropped += dropped
+        self.kept.append(keep)
+        end = self._filled + mu.size
+        self.acc[self._filled : end], self.acc_valid[self._filled : end] = mu, True
+        self._filled = end
+
+    def group_accuracies(self) -> tuple[jax.Array, jax.Array]:
+        return jnp.asarray(self.acc), jnp.asarray(self.acc_valid)
+
+    def summary(self, rounds: int, count: int, capacity: int, surplus: int) -> dict[str, float]:
+        seconds = {k: sum(s.seconds[k] for s in self.scores) for k in ("rollout", "scoring")}
+        m: dict[str, float] = {
+            "ds/rounds": rounds,
+            "ds/batch_fill": count / capacity,
+            "ds/surplus_groups": surplus,
+            "samples/generated": float(sum(s.correct.size for s in self.scores)),
+            "time/rollout": seconds["rollout"],
+            "time/scoring": seconds["scoring"],
+            "_gen_tokens": 0.0,
+        }
+        if not self.scores:
+            return m
+        cat = lambda name: np.concatenate([getattr(s, name) for s in self.scores])  # noqa: E731
+        c, r, lengths, trunc = cat("correct"), cat("rewards"), cat("lengths"), cat("truncated")
+        mu = c.mean(axis=1)
+        m.update(
+            {
+                "reward/mean": float(r.mean()),
+                "reward/acc": float(c.mean()),
+                "response/len_mean": float(lengths.mean()),
+                "response/len_max": float(lengths.max()),
+                "response/truncated_frac": float(trunc.mean()),
+                "ds/kept_frac": float(np.concatenate(self.kept).mean()),
+                "ds/all_correct_frac": float((mu == 1).mean()),
+                "ds/all_wrong_frac": float((mu == 0).mean()),
+                "_gen_tokens": float(lengths.sum()),
+            }
+        )
+        for k in ("timeout", "error", "no_answer"):
+            m[f"reward/{k}"] = float(sum(s.stats.get(k, 0) for s in self.scores))
+        return m

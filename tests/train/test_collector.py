@@ -1,0 +1,162 @@
+"""The collect stage against stand-in rollout engines (no model): the batch, the surplus
+carried to the next step, the round cap, and the same result from a streaming engine
+that returns groups in pieces while it still holds more prompts."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from da3po_jax.data import MathProblem, PromptIterator
+from da3po_jax.parallel import to_host
+from da3po_jax.rl import OverlongConfig
+from da3po_jax.train.batch import GroupBatch, GroupScores, ScoredGroups
+from da3po_jax.train.collector import CollectConfig, Collector, DSConfig
+from da3po_jax.train.engine import RolloutEngine
+
+G, TP, TN = 4, 3, 2
+PROBLEMS = [MathProblem(id=f"p{i}", prompt=f"q{i}", answer="1") for i in range(12)]
+
+
+# All wrong (dropped by dynamic sampling); the others are mixed. The iterator's first
+# epoch is p5 p8 p11 p7 | p4 p2 p1 p0 | p3 p6 p10 p9, so rounds keep 3, 2 and 2 groups.
+DROPPED = {"p8", "p2", "p0", "p6", "p10"}
+
+
+def verdicts(problem: MathProblem) -> list[float]:
+    return [0.0] * G if problem.id in DROPPED else [1.0] + [0.0] * (G - 1)
+
+
+def kept_in_order(engine) -> list[int]:
+    """Dataset indices of the kept prompts, in the order the engine was given them."""
+    return [int(p[1:]) for ids in engine.admitted for p in ids if p not in DROPPED]
+
+
+class FakeEngine:
+    """Scores each admitted prompt by `verdicts`. `slots` prompts may be in flight;
+    `finished()` returns `chunk` of them at a time (the oldest first)."""
+
+    group_size, prompt_len, max_new_tokens = G, TP, TN
+
+    def __init__(self, slots: int, chunk: int):
+        self.slots, self.chunk = slots, chunk
+        self.queue: list[MathProblem] = []
+        self.admitted: list[list[str]] = []
+        self.synced = self.released = 0
+        self.in_flight_at_first_return: int | None = None
+
+    def sync_weights(self, params) -> None:
+        self.synced += 1
+
+    def capacity(self) -> int:
+        return self.slots - len(self.queue)
+
+    def admit(self, problems, rng) -> None:
+        self.admitted.append([p.id for p in problems])
+        self.queue.extend(problems)
+
+    def finished(self) -> list[ScoredGroups]:
+        if not self.queue:
+            return []
+        if self.in_flight_at_first_return is None:
+            self.in_flight_at_first_return = len(self.queue)
+        done, self.queue = self.queue[: self.chunk], self.queue[self.chunk :]
+        return [_scored(done)]
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def _scored(problems) -> ScoredGroups:
+    n = len(problems)
+    correct = np.asarray([verdicts(p) for p in problems], np.float32)
+    lengths = np.full((n, G), TN, np.int32)
+    batch = GroupBatch.zeros(n, G, TP, TN).replace(
+        correct=jnp.asarray(correct),
+        rewards=jnp.asarray(correct),
+        lengths=jnp.asarray(lengths),
+        prompt_index=jnp.asarray([int(p.id[1:]) for p in problems], jnp.int32),
+    )
+    scores = GroupScores(
+        correct, correct, lengths, np.zeros((n, G), bool), {"ok": n * G}, {"rollout": 0.0}
+    )
+    scores.seconds["scoring"] = 0.0
+    return ScoredGroups(batch, scores, list(problems))
+
+
+def _collector(engine, max_rounds=3) -> Collector:
+    cfg = CollectConfig(
+        capacity=4,
+        round_size=4,
+        max_rounds=max_rounds,
+        ds=DSConfig(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
+        track_history=True,
+    )
+    return Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)
+
+
+def _steps(engine, steps=2, max_rounds=3):
+    collector = _collector(engine, max_rounds)
+    carry = collector.initial_carry(len(PROBLEMS))
+    out = []
+    for s in range(steps):
+        keys = jax.random.split(jax.random.PRNGKey(s), max_rounds)
+        collected, carry = collector.collect(None, carry, keys)
+        carry = collector.after_update(carry, collected)
+        out.append((collected, carry))
+    return collector, out
+
+
+def test_engines_satisfy_the_protocol():
+    assert isinstance(FakeEngine(4, 4), RolloutEngine)
+
+
+def test_static_rounds_fill_the_batch_and_carry_the_surplus():
+    """Step 1: rounds keep 3 + 2 groups: 4 train, 1 carried. Step 2: the carried group,
+    then rounds keeping 2 and 3: 4 train, 2 carried."""
+    engine = FakeEngine(slots=4, chunk=4)
+    _, ((first, carry1), (second, _)) = _steps(engine)
+    m1, m2 = first.metrics, second.metrics
+    assert (m1["ds/rounds"], m1["ds/surplus_groups"], m1["ds/batch_fill"]) == (2, 1, 1.0)
+    assert (m2["ds/rounds"], m2["ds/surplus_groups"]) == (2, 2)
+    assert m1["samples/generated"] == 8 * G and m1["ds/kept_frac"] == pytest.approx(5 / 8)
+    order = [pid for ids in engine.admitted for pid in ids]
+    kept = kept_in_order(engine)
+    assert to_host(first.batch.prompt_index).tolist() == kept[:4]
+    assert to_host(second.batch.prompt_index).tolist() == kept[4:8]  # surplus first
+    assert engine.synced == 2 and engine.released == 0  # the loop releases, not the collector
+    # the history table counts every generated group, filtered ones included
+    table = to_host(carry1.history.success) + to_host(carry1.history.failure)
+    assert sorted(np.flatnonzero(table).tolist()) == sorted(int(p[1:]) for p in order[:8])
+
+
+def test_a_streaming_engine_needs_no_change_to_the_collector():
+    """An engine with room for two rounds that returns two groups at a time: the collector
+    admits the second round before the first is back, and a third while groups are still
+    coming in; the batch is the static engine's (the first kept groups in admission
+    order), the engine holds nothing in flight when the step's batch is handed over, and
+    every kept group is in the batch or the surplus."""
+    static, streaming = FakeEngine(slots=4, chunk=4), FakeEngine(slots=8, chunk=2)
+    _, ((ref, _),) = _steps(static, steps=1)
+    _, ((got, carry),) = _steps(streaming, steps=1)
+    assert streaming.in_flight_at_first_return == 8  # two rounds admitted before any return
+    assert len(streaming.admitted) == 3 and not streaming.queue
+    for x, y in zip(
+        jax.tree.leaves((ref.batch, ref.valid)), jax.tree.leaves((got.batch, got.valid))
+    ):
+        np.testing.assert_array_equal(to_host(x), to_host(y))
+    kept = kept_in_order(streaming)
+    surplus = to_host(carry.surplus.items.prompt_index)[: int(carry.surplus.count)]
+    assert to_host(got.batch.prompt_index).tolist() + surplus.tolist() == kept
+    assert got.metrics["ds/rounds"] == 3 and got.metrics["samples/generated"] == 12 * G
+
+
+def test_the_round_cap_trains_on_what_was_kept(caplog):
+    """One round allowed, 3 of its 4 prompts kept: a batch of 3, with a warning."""
+    _, ((collected, carry),) = _steps(FakeEngine(4, 4), steps=1, max_rounds=1)
+    assert to_host(collected.valid).tolist() == [True, True, True, False]
+    assert collected.metrics["ds/batch_fill"] == 0.75
+    assert int(carry.surplus.count) == 0
+    assert "reached ds.max_rounds=1 with 3 of 4 groups" in caplog.text
