@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from da3po_jax.models import get_preset, init_model, positions_from_mask
+from da3po_jax.train.perf import forward_flops, peak_flops
 
 
 def _best_time(fn, *args, iters: int) -> float:
@@ -28,25 +29,6 @@ def _best_time(fn, *args, iters: int) -> float:
         jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def matmul_peak(dtype, n: int = 4096, iters: int = 5) -> float:
-    """FLOP/s of an n x n x n `jnp.dot` in `dtype` (float32 accumulation)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
-    dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    return 2 * n**3 / _best_time(dot, a, b, iters=iters)
-
-
-def model_flops(cfg, batch: int, seq: int, logits_positions: int) -> float:
-    """Forward FLOPs: 2 x matmul params x tokens + attention scores/values as computed
-    (the full T x T matrix, masked) + the output projection at `logits_positions`."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    per_layer = h * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * h * cfg.intermediate_size
-    dense = 2 * per_layer * cfg.num_layers * batch * seq
-    attention = 4 * batch * seq * seq * cfg.num_heads * d * cfg.num_layers
-    head = 2 * h * cfg.vocab_size * batch * logits_positions
-    return float(dense + attention + head)
 
 
 def main() -> None:
@@ -84,7 +66,7 @@ def main() -> None:
 
         return jax.grad(loss)(state)
 
-    peak = matmul_peak(cfg.jnp_dtype)
+    peak = peak_flops(args.dtype)
     n_tok = args.batch * args.seq
     result = {
         "benchmark": "forward",
@@ -100,7 +82,7 @@ def main() -> None:
         "matmul_peak_flops": peak,
     }
     t = _best_time(prefill, state, tokens, iters=args.iters)
-    flops = model_flops(cfg, args.batch, args.seq, logits_positions=1)
+    flops = forward_flops(cfg, args.batch, args.seq, logits_positions=1)
     result["prefill"] = {
         "seconds": t,
         "tokens_per_s": n_tok / t,
@@ -109,7 +91,7 @@ def main() -> None:
     }
     if not args.skip_train:
         t = _best_time(train_grad, state, tokens, iters=args.iters)
-        flops = 3 * model_flops(cfg, args.batch, args.seq, logits_positions=args.seq)
+        flops = 3 * forward_flops(cfg, args.batch, args.seq)
         result["train_fwd_bwd"] = {
             "seconds": t,
             "tokens_per_s": n_tok / t,

@@ -15,10 +15,11 @@ Per setting P x G (prompts x samples per prompt, R = P * G rows):
   heads * head_dim * layers * R). `roofline_fraction` = roofline_step_s / decode_step_s.
 - bandwidth: memory traffic of the fastest 1 GiB host copy (numpy, or torch when
   installed), counted as bytes read + bytes written per second (a copy of n bytes moves
-  2n; counting n would halve the bandwidth and flatter the fraction); peak: FLOP/s of a
-  4096^3 `jnp.dot` in the compute dtype. JAX's own jitted copy is much slower on CPU and
-  would flatter the fraction, so it is not used. The CPU is shared, so both are measured
-  again next to each setting.
+  2n; counting n would halve the bandwidth and flatter the fraction); peak:
+  `train.perf.peak_flops`, the best of a few large `jnp.dot`s in the compute dtype
+  (measured once per process, as the trainer's MFU uses it). JAX's own jitted copy is
+  much slower on CPU and would flatter the fraction, so it is not used. The CPU is
+  shared, so the bandwidth is measured again next to each setting.
 - with --compare-hf: wall time of `transformers` `generate` (sampling, num_return_sequences
   = G, KV cache) on the same weights and settings, and `hf_over_ours` = hf_s / ours_s for
   the whole call (prefill + decode: HF prefills each prompt G times).
@@ -39,6 +40,7 @@ from flax import nnx
 from da3po_jax.models import get_preset, init_model, param_table
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.sampling import GenerateConfig, generate_with_cache, new_cache
+from da3po_jax.train.perf import peak_flops
 
 _BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -72,21 +74,6 @@ def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         best[name] = (1 if name == "numpy_read" else 2) * n * 4 / min(times)
     return best
-
-
-def matmul_peak(dtype: str, n: int = 4096, repeats: int = 3) -> float:
-    """FLOP/s of an n x n x n `jnp.dot` in `dtype` (best of `repeats`)."""
-    dt = jnp.dtype(dtype)
-    a = jax.random.normal(jax.random.key(0), (n, n), dt)
-    b = jax.random.normal(jax.random.key(1), (n, n), dt)
-    dot = jax.jit(jnp.dot)
-    dot(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dot(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / min(times)
 
 
 def roofline(cfg: ModelConfig, rows: int, prompt_len: int, new_tokens: int, bw, peak):
@@ -207,7 +194,7 @@ def machine(dtype: str) -> dict[str, float]:
     return {
         "copy_traffic_bytes_per_s": max(bws["numpy"], bws.get("torch", 0.0)),
         "copy_by": bws,
-        "matmul_peak_flops": matmul_peak(dtype),
+        "matmul_peak_flops": peak_flops(dtype),
     }
 
 

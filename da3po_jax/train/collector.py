@@ -197,10 +197,10 @@ class Collector:
                 items = groups.batch.replace(history=self._history_of(carry, groups.batch))
                 generated.append((items.prompt_index, items.correct))
                 pending, dropped, keep, mu = self.round_update(pending, items, cfg.ds)
-                stats.add(groups, to_host(keep), to_host(mu), int(dropped.count))
+                stats.add(groups, to_host(keep), to_host(mu), dropped.count)
         batch, surplus = self._take(pending, cfg.capacity)
         count = int(batch.count)
-        self._warn(rounds, count, stats.dropped)
+        self._warn(rounds, count, int(stats.dropped))  # one sync, not one per round
         acc, acc_valid = stats.group_accuracies()
         prior = self._prior_update(carry.prior, acc, acc_valid, cfg.prior_ema)
         carry = carry.replace(surplus=surplus, prior=prior)
@@ -305,7 +305,7 @@ class RoundStats:
         self.acc_valid = np.zeros(max_groups, np.bool_)
         self._filled = 0
 
-    def add(self, groups: ScoredGroups, keep: np.ndarray, mu: np.ndarray, dropped: int) -> None:
+    def add(self, groups: ScoredGroups, keep: np.ndarray, mu: np.ndarray, dropped) -> None:
         self.scores.append(groups.scores)
         self.dropped += dropped
         self.kept.append(keep)

@@ -134,7 +134,9 @@ class CompileCounts:
         return snap
 
 
-def forward_flops(cfg: ModelConfig, rows: int, seq_len: int) -> float:
+def forward_flops(
+    cfg: ModelConfig, rows: int, seq_len: int, *, logits_positions: int | None = None
+) -> float:
     """Model FLOPs of one dense forward of `rows` sequences of `seq_len` tokens.
 
     Counts 2 FLOPs per multiply-add of every matmul, as computed by
@@ -145,6 +147,8 @@ def forward_flops(cfg: ModelConfig, rows: int, seq_len: int) -> float:
     padded up to a multiple of `cfg.logits_chunk` (`chunked_logprobs`), so those padded
     positions are counted too; the embedding lookup is a gather and free. Norms, RoPE,
     softmax and biases are elementwise and left out, as in the usual MFU convention.
+    `logits_positions` counts the LM head at that many positions instead (e.g. 1 for a
+    prefill that only needs the last token's logits).
     """
     t = seq_len
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -153,7 +157,8 @@ def forward_flops(cfg: ModelConfig, rows: int, seq_len: int) -> float:
     mlp = 2 * t * 3 * h * inter
     attention = cfg.num_heads * 2 * 2 * t * t * d  # q k^T and p v
     chunk = max(1, min(cfg.logits_chunk, t))
-    head = 2 * (math.ceil(t / chunk) * chunk) * h * cfg.vocab_size
+    positions = math.ceil(t / chunk) * chunk if logits_positions is None else logits_positions
+    head = 2 * positions * h * cfg.vocab_size
     per_row = cfg.num_layers * (projections + mlp + attention) + head
     return float(rows * per_row)
 
