@@ -8,6 +8,7 @@ from da3po_jax.sampling.sampler import (
     generate,
     generate_with_cache,
     new_cache,
+    prompt_keys,
     trace_count,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "generate",
     "generate_with_cache",
     "new_cache",
+    "prompt_keys",
     "sampling_logits",
     "trace_count",
 ]

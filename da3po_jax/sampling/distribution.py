@@ -247,11 +247,19 @@ def sampling_logits(x: jax.Array, params: SamplingParams) -> jax.Array:
     return z if thr is None else jnp.where(x >= thr[:, None], z, -jnp.inf)
 
 
+def _uniforms(key: jax.Array, rows: int) -> jax.Array:
+    """[rows] float32 uniforms in [0, 1) from one key or from one key per row."""
+    if key.ndim == 0:
+        return jax.random.uniform(key, (rows,), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key)
+
+
 def draw(key: jax.Array, x: jax.Array, params: SamplingParams) -> Draw:
     """Samples one token per row of logits x [R, V] and returns both its log-probs.
 
     Args:
-      key: PRNG key; one uniform per row is drawn from it.
+      key: one PRNG key (the R uniforms are drawn from it), or R keys, one per row (each
+        row's uniform depends on its own key only, not on the other rows).
       x: [R, V] float32 logits (temperature 1).
       params: the sampling distribution.
     """
@@ -265,7 +273,7 @@ def draw(key: jax.Array, x: jax.Array, params: SamplingParams) -> Draw:
         z = x if params.temperature == 1.0 else x / params.temperature
         if thr is not None:
             z = jnp.where(x >= thr[:, None], z, -jnp.inf)
-        u = jax.random.uniform(key, (rows,), jnp.float32)
+        u = _uniforms(key, rows)
         token, sample_lse = inverse_cdf(z, u)
         z_tok = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0]
         sample_logp = z_tok - sample_lse

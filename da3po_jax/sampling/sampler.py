@@ -11,6 +11,12 @@
    samples the next one, and stops as soon as every row has emitted a stop id or after
    max_new_tokens tokens.
 
+Randomness is keyed by (prompt, sample index, token position), never by batch row or call:
+prompt p has its own key (`prompt_keys`), sample g of it the key fold_in(key_p, g)
+(`sample_keys`) and the draw of its token t the key fold_in(that, t). A prompt's samples
+are therefore the same whichever batch, row or engine generates them (the continuous
+engine, `sampling/continuous.py`, uses the same keys).
+
 The batch axis leads everywhere (prompts, cache, outputs) and no device is named, so the
 same function runs with the batch sharded over a mesh's data axes and the weights laid
 out by the sharding rules; `new_cache` places the cache like the prompts.
@@ -118,6 +124,7 @@ class _Loop:
     """Decode-loop carry; R = P * G rows, N = max_new_tokens."""
 
     step: jax.Array  # [] int32, index of the next token to sample
+    keys: jax.Array  # [R] sample keys (`sample_keys`)
     cache: KVCache  # [R, Tp + N - 1] slots
     last: jax.Array  # [R] int32, token sampled at step - 1
     done: jax.Array  # [R] bool, a stop id was emitted
@@ -125,6 +132,38 @@ class _Loop:
     tokens: jax.Array  # [R, N] int32
     logp: jax.Array  # [R, N] float32
     sample_logp: jax.Array  # [R, N] float32
+
+
+def _typed(rng: jax.Array) -> jax.Array:
+    """Typed PRNG keys (raw uint32 keys, [..., 2], are wrapped)."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        return rng
+    return jax.random.wrap_key_data(rng)
+
+
+def prompt_keys(rng: jax.Array, num_prompts: int, start: int = 0) -> jax.Array:
+    """One key per prompt, [P]: `rng` is either one key (prompt p of a stream gets
+    fold_in(rng, start + p)) or already one key per prompt."""
+    rng = _typed(rng)
+    if rng.ndim == 0:
+        index = start + jnp.arange(num_prompts)
+        return jax.vmap(lambda i: jax.random.fold_in(rng, i))(index)
+    if rng.shape != (num_prompts,):
+        raise ValueError(f"{rng.shape[0]} prompt keys for {num_prompts} prompts")
+    return rng
+
+
+def sample_keys(keys: jax.Array, num_samples: int) -> jax.Array:
+    """[P] prompt keys -> [P * G] sample keys, row p * G + g = fold_in(key_p, g)."""
+    per = jax.vmap(lambda k: jax.vmap(lambda g: jax.random.fold_in(k, g))(jnp.arange(num_samples)))
+    return per(keys).reshape(-1)
+
+
+def token_keys(keys: jax.Array, step: jax.Array) -> jax.Array:
+    """The draw keys of token position `step` ([] or one per row) of rows with sample keys
+    `keys` [R]."""
+    step = jnp.broadcast_to(step, keys.shape)
+    return jax.vmap(jax.random.fold_in)(keys, step)
 
 
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
@@ -208,7 +247,7 @@ def _record(loop: _Loop, d: Draw, config: GenerateConfig) -> _Loop:
     )
 
 
-def _decode(model, loop: _Loop, prompt_len, rng, config: GenerateConfig) -> _Loop:
+def _decode(model, loop: _Loop, prompt_len, config: GenerateConfig) -> _Loop:
     """The while loop: one T=1 forward and one draw per step until all rows are done."""
     n, rows = config.max_new_tokens, prompt_len.shape[0]
     on = jnp.ones((rows, 1), jnp.bool_)
@@ -219,7 +258,7 @@ def _decode(model, loop: _Loop, prompt_len, rng, config: GenerateConfig) -> _Loo
     def body(loop: _Loop):
         positions = (prompt_len + loop.step - 1)[:, None]
         logits, cache = model(loop.last[:, None], positions, on, loop.cache)
-        d = draw(jax.random.fold_in(rng, loop.step), logits[:, 0], config.sampling)
+        d = draw(token_keys(loop.keys, loop.step), logits[:, 0], config.sampling)
         return _record(loop.replace(cache=cache), d, config)
 
     return jax.lax.while_loop(cond, body, loop)
@@ -244,7 +283,8 @@ def generate_with_cache(
         shapes); donated: its buffers are reused and must not be read afterwards.
       prompt_tokens: [P, Tp] int32, left-padded (the last column is a real token).
       prompt_mask: [P, Tp] bool, True on real tokens.
-      rng: PRNG key; the same key and inputs give the same samples.
+      rng: one PRNG key, or one per prompt ([P]); sample g of prompt p draws token t with
+        fold_in(fold_in(key_p, g), t) (see the module docstring).
       config: static settings.
 
     Returns:
@@ -259,6 +299,7 @@ def generate_with_cache(
     prompt_len = jnp.repeat(jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32), g)
     loop = _Loop(
         step=jnp.zeros((), jnp.int32),
+        keys=sample_keys(prompt_keys(rng, p), g),
         cache=cache,
         last=jnp.zeros((rows,), jnp.int32),
         done=jnp.zeros((rows,), jnp.bool_),
@@ -267,8 +308,8 @@ def generate_with_cache(
         logp=jnp.zeros((rows, n), jnp.float32),
         sample_logp=jnp.zeros((rows, n), jnp.float32),
     )
-    loop = _record(loop, draw(jax.random.fold_in(rng, 0), logits, config.sampling), config)
-    loop = _decode(model, loop, prompt_len, rng, config)
+    loop = _record(loop, draw(token_keys(loop.keys, 0), logits, config.sampling), config)
+    loop = _decode(model, loop, prompt_len, config)
     mask = jnp.arange(n)[None, :] < loop.lengths[:, None]
 
     def per_prompt(x):
@@ -351,7 +392,8 @@ class Sampler:
         seed: int | jax.Array,
         config: GenerateConfig | None = None,
     ) -> SampleOutput:
-        """Samples for [P, Tp] left-padded prompts; `seed` is an int or a PRNG key."""
+        """Samples for [P, Tp] left-padded prompts; `seed` is an int, a PRNG key or one key
+        per prompt."""
         config = config or self.config
         rng = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
         p, tp = prompt_tokens.shape

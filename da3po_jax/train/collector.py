@@ -38,6 +38,7 @@ from da3po_jax.rl import (
     update_history,
     update_prior_state,
 )
+from da3po_jax.sampling import prompt_keys
 from da3po_jax.train.batch import GroupBatch, ScoredGroups
 from da3po_jax.train.engine import RolloutEngine
 
@@ -171,8 +172,9 @@ class Collector:
         # committed like the arrays the steps put back (an uncommitted input compiles anew)
         return jax.device_put(carry, replicated(self.mesh) if self.mesh else jax.devices()[0])
 
-    def collect(self, params, carry: RLCarry, keys: jax.Array) -> tuple[Collected, RLCarry]:
-        """Admits rounds of prompts (round `r` drawn with `keys[r]`) while the batch lacks
+    def collect(self, params, carry: RLCarry, key: jax.Array) -> tuple[Collected, RLCarry]:
+        """Admits rounds of prompts (the step's j-th prompt sampled with the key
+        fold_in(key, j), `sampling.prompt_keys`) while the batch lacks
         kept groups and fewer than `max_rounds` ran, and adds every finished group as it
         comes back, until the engine has nothing in flight: every generated group lands
         in the batch or in the next step's surplus (one round of slots; a streaming
@@ -188,7 +190,8 @@ class Collector:
         while True:
             wanted = int(pending.count) < cfg.capacity
             while wanted and rounds < cfg.max_rounds and self.engine.capacity() >= cfg.round_size:
-                self.engine.admit(self.iterator.next_batch(cfg.round_size), keys[rounds])
+                keys = prompt_keys(key, cfg.round_size, start=rounds * cfg.round_size)
+                self.engine.admit(self.iterator.next_batch(cfg.round_size), keys)
                 rounds += 1
             done = self.engine.finished()
             if not done:

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
 from da3po_jax.rewards import RewardScorer
-from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling import GenerateConfig, Sampler, prompt_keys
 from da3po_jax.train.rollout import PromptEncoder, sample_and_score
 
 
@@ -55,12 +55,12 @@ def evaluate(
             chunk = list(problems[start : start + prompts_per_call])
             real = len(chunk)
             chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
-            rng_chunk = jax.random.fold_in(rng, start)
+            keys = prompt_keys(rng, prompts_per_call, start=start)  # prompt i: fold_in(rng, i)
             _, host = sample_and_score(
                 sampler,
                 params,
                 chunk,
-                rng_chunk,
+                keys,
                 encoder=encoder,
                 scorer=scorer,
                 gen=gen,

@@ -88,9 +88,9 @@ class RLTrainer:
     def step(self) -> dict[str, float]:
         """One RL step: collect -> update -> history; returns its metrics."""
         t0 = time.perf_counter()
-        keys = jax.random.split(self.state.rng, 1 + max(self.cfg.ds.max_rounds, 1))
-        self.state = self.state.replace(rng=keys[0])
-        collected, self.carry = self.collector.collect(self.state.params, self.carry, keys[1:])
+        rng, key = jax.random.split(self.state.rng)
+        self.state = self.state.replace(rng=rng)
+        collected, self.carry = self.collector.collect(self.state.params, self.carry, key)
         self.collector.engine.release()  # no KV cache during the update (as plan.py counts)
         t1 = time.perf_counter()
         prior = self.collector.prior(self.carry)

@@ -127,6 +127,24 @@ def test_same_seed_same_samples_different_seed_different(tiny):
     assert np.mean(a["tokens"][:, 0] != a["tokens"][:, 1]) > 0.5
 
 
+def test_samples_are_keyed_by_prompt_not_by_batch_row(tiny):
+    """With one key per prompt, a prompt's G samples are the same alone, in another batch
+    and at another row (keys per (prompt, sample, position), not per row or call)."""
+    cfg, graphdef, state, _ = tiny
+    tokens, mask = _prompts(cfg.vocab_size)
+    config = GenerateConfig(num_samples=3, max_new_tokens=8, temperature=1.0)
+    keys = jax.random.split(jax.random.key(3), 3)
+    whole = _as_numpy(generate(graphdef, state, tokens, mask, keys, config))
+    order = np.array([2, 0, 1])
+    shuffled = _as_numpy(generate(graphdef, state, tokens[order], mask[order], keys[order], config))
+    alone = _as_numpy(generate(graphdef, state, tokens[1:2], mask[1:2], keys[1:2], config))
+    for name in ("tokens", "lengths"):
+        np.testing.assert_array_equal(shuffled[name], whole[name][order])
+        np.testing.assert_array_equal(alone[name][0], whole[name][1])
+    np.testing.assert_allclose(alone["logp"][0], whole["logp"][1], atol=1e-6)
+    assert np.mean(whole["tokens"][:, 0] != whole["tokens"][:, 1]) > 0.5
+
+
 def test_stop_ids_set_lengths_masks_padding_and_truncation(tiny):
     n, pad = 10, 511
     free = _run(tiny, num_samples=1, max_new_tokens=n, temperature=0.0)["tokens"][:, 0]

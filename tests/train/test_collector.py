@@ -102,8 +102,7 @@ def _steps(engine, steps=2, max_rounds=3):
     carry = collector.initial_carry(len(PROBLEMS))
     out = []
     for s in range(steps):
-        keys = jax.random.split(jax.random.PRNGKey(s), max_rounds)
-        collected, carry = collector.collect(None, carry, keys)
+        collected, carry = collector.collect(None, carry, jax.random.key(s))
         carry = collector.after_update(carry, collected)
         out.append((collected, carry))
     return collector, out
