@@ -2,6 +2,11 @@
 
     python benchmarks/rl_step.py                      # the tiny demo config, after warm-up
     python benchmarks/rl_step.py --preset=qwen2.5-0.5b --max-new-tokens=128
+    python benchmarks/rl_step.py --engines=static,continuous [--slots=64 --steps-per-call=16]
+
+With several `--engines` each runs the same steps in this process, one after the other,
+and `rollout_speedup` = the first engine's median rollout time / each other's (the
+continuous engine's rollout time is its wall time inside `finished()`, scoring overlapped).
 
 The first step compiles and is reported separately; the steady-state numbers are medians
 over the following steps. Models are random (nothing is downloaded); with a random policy
@@ -33,8 +38,22 @@ def main() -> None:
     p.add_argument("--mini-batch", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=0)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--engines", default="static", help="comma-separated rollout.engine values")
+    p.add_argument("--slots", type=int, default=64, help="continuous: rollout.slots")
+    p.add_argument("--steps-per-call", type=int, default=16, help="continuous: decode steps/call")
     args = p.parse_args()
+    engines = args.engines.split(",")
+    results = {e: run(args, e) for e in engines}
+    if len(engines) == 1:
+        print(json.dumps(results[engines[0]], indent=2))
+        return
+    base = results[engines[0]]["breakdown_seconds"]["rollout"]
+    speedup = {e: base / r["breakdown_seconds"]["rollout"] for e, r in results.items()}
+    print(json.dumps({**results, "rollout_speedup": speedup}, indent=2))
 
+
+def run(args, engine: str) -> dict:
+    """The steps of one engine; returns its JSON object."""
     sys.path.insert(0, os.path.join(ROOT, "configs"))
     import tiny_math
 
@@ -54,6 +73,8 @@ def main() -> None:
     c.rl.mini_batch_prompts, c.rl.micro_batch_prompts = args.mini_batch, args.micro_batch
     c.train.steps, c.train.eval_every, c.train.checkpoint_every = args.steps, 0, 0
     c.sft.enable = False
+    c.rollout.engine, c.rollout.slots = engine, args.slots
+    c.rollout.steps_per_call = args.steps_per_call
     cfg = resolve_config(c)
     workdir = tempfile.mkdtemp(prefix="rl_step_bench_")
     tokenizer = tokenizer_for(cfg, workdir)
@@ -84,8 +105,9 @@ def main() -> None:
     wall = med("wall", steady)
     rows = args.prompts * args.group_size
     train_tokens = rows * (trainer.collector.engine.prompt_len + args.max_new_tokens)
-    print(json.dumps({
+    return {
         "benchmark": "rl_step",
+        "engine": engine,
         "preset": c.model.preset,
         "params": model.cfg.num_params(),
         "algo": args.algo,
@@ -100,7 +122,7 @@ def main() -> None:
         "update_tflops_per_s": med("perf/update_tflops_per_s", steady),
         "update_mfu": med("perf/update_mfu", steady),
         "compiles": {k: v for k, v in steps[-1].items() if k.startswith("compile/")},
-    }, indent=2))
+    }
 
 
 if __name__ == "__main__":

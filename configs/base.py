@@ -48,7 +48,10 @@ def get_config() -> config_dict.ConfigDict:
     c.data.synthetic_sft = 4000
 
     c.rollout = config_dict.ConfigDict()
-    c.rollout.engine = "static"  # the rollout engine (train/build.py: ENGINES)
+    c.rollout.engine = "static"  # static | continuous (train/build.py: ENGINES)
+    c.rollout.slots = 64  # continuous: rows decoded together (S)
+    c.rollout.steps_per_call = 16  # continuous: decode steps per jitted call (K)
+    c.rollout.attention_block = 128  # continuous: keys per decode-attention block
     c.rollout.prompts_per_round = 16  # prompts in one generation round
     c.rollout.group_size = 8  # G samples per prompt
     c.rollout.prompt_buckets = (64, 128, 256, 512, 1024, 2048)
@@ -77,7 +80,7 @@ def get_config() -> config_dict.ConfigDict:
     c.ds = config_dict.ConfigDict()
     c.ds.enable = placeholder(bool)
     c.ds.metric = "acc"
-    c.ds.max_rounds = 4
+    c.ds.max_prompts = 64  # prompts admitted per step at most
 
     c.daa = config_dict.ConfigDict()
     c.daa.enable = placeholder(bool)

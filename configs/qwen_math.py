@@ -44,7 +44,7 @@ def get_config():
     c.rl.train_prompts = 512
     c.rl.mini_batch_prompts = 32
     c.rl.micro_batch_prompts = 2
-    c.ds.max_rounds = 10
+    c.ds.max_prompts = 5120  # 10 rounds of 512
     c.overlong.buffer = 4096
     c.overlong.penalty = 1.0
 
@@ -80,6 +80,7 @@ def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_p
     c.rollout.max_new_tokens = 3072
     c.overlong.buffer = 512
     c.rollout.prompts_per_round = prompts_per_round
+    c.ds.max_prompts = 10 * prompts_per_round
     c.rl.train_prompts = 128
     c.rl.mini_batch_prompts = 32
     c.rl.micro_batch_prompts = 1

@@ -32,7 +32,7 @@ def get_config():
     c.rollout.max_new_tokens = 48
     c.rl.train_prompts = 32
     c.rl.mini_batch_prompts = 16
-    c.ds.max_rounds = 3
+    c.ds.max_prompts = 96  # 3 rounds of 32
 
     c.optim.lr = 1e-4
     c.optim.warmup_steps = 5

@@ -26,6 +26,9 @@ What is counted (per device, bytes):
   without) and the eval cache (`eval.prompts_per_call` x `eval.num_samples`); slots =
   prompt_len + max_new_tokens - 1, in the compute dtype. Rows are split over data x fsdp
   when the prompt count divides, KV heads over tensor when they divide (as `new_cache`).
+  With `rollout.engine = continuous` the cache is the slots' instead, for rollout and
+  eval alike: `rollout.slots` rows (split over data x fsdp) x (prompt_len + max_new_tokens
+  - 1, rounded up to `rollout.attention_block`) slots.
 * rollout_work (estimate): the prefill's own small cache, the larger of the prefill
   attention block [P, heads, Tp, Tp] (f32 scores + probs) and one decode step (f32
   logits x 3 + scores), and the loop's token / log-prob buffers.
@@ -40,9 +43,10 @@ What is counted (per device, bytes):
 * gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
   time in the compute dtype; 2x for prefetching.
 * batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
-  of one round, as the trainer builds them (`batch.GroupBatch.zeros`: prompt tokens and
-  mask, response tokens, mask and both log-probs, the per-response scalars), slots split
-  over data x fsdp when divisible; exact but for the prompt length (the trainer pads to the
+  (the engine's `max_in_flight` groups: one round, or 4 x slots / group_size), as the
+  trainer builds them (`batch.GroupBatch.zeros`: prompt tokens and mask, response tokens,
+  mask and both log-probs, the per-response scalars), slots split over data x fsdp when
+  divisible; exact but for the prompt length (the trainer pads to the
   longest training prompt's bucket, at most this one).
 
 peak = params + optimizer + reference + teacher + batch + gathered
@@ -333,8 +337,27 @@ def plan_memory(
         loop = rows_dev * new_tokens * 12
         return kv, small + max(prefill_attn, decode) + loop, slots
 
-    roll_kv, roll_work, roll_slots = cache_bytes(round_prompts, g, tn)
-    ev_kv, ev_work, ev_slots = cache_bytes(eval_prompts, eval_g, eval_tn)
+    def slot_bytes(samples: int, new_tokens: int) -> tuple[int, int, int]:
+        """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each."""
+        block = int(cfg.rollout.attention_block)
+        rows_dev = _div(int(cfg.rollout.slots), batch_devs)
+        slots = -(-(tp + new_tokens - 1) // block) * block
+        kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes
+        p_dev = max(1, int(cfg.rollout.slots) // samples)  # one admission's prompts
+        small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
+        prefill_attn = p_dev * heads_dev * tp * tp * (4 + cbytes)
+        decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * block * (4 + cbytes) * 2
+        return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
+
+    continuous = cfg.rollout.get("engine", "static") == "continuous"
+    if continuous:
+        roll_kv, roll_work, roll_slots = slot_bytes(g, tn)
+        ev_kv, ev_work, ev_slots = slot_bytes(eval_g, eval_tn)
+        in_flight = 4 * max(1, int(cfg.rollout.slots) // g)  # `ContinuousEngine.max_in_flight`
+    else:
+        roll_kv, roll_work, roll_slots = cache_bytes(round_prompts, g, tn)
+        ev_kv, ev_work, ev_slots = cache_bytes(eval_prompts, eval_g, eval_tn)
+        in_flight = round_prompts
     kv_cache, rollout_work = (roll_kv, roll_work) if roll_kv >= ev_kv else (ev_kv, ev_work)
 
     # --- train phase: activations of one micro-batch
@@ -352,7 +375,7 @@ def plan_memory(
 
     # --- batch buffers (the step's batch and the dynamic-sampling surplus) and all-gathers
     batch = group_buffer_nbytes(g, tp, tn, int(cfg.rl.train_prompts), batch_devs)
-    batch += group_buffer_nbytes(g, tp, tn, round_prompts, batch_devs)
+    batch += group_buffer_nbytes(g, tp, tn, in_flight, batch_devs)
     layer_params = (mc.num_params() - V * h * (1 if mc.tie_word_embeddings else 2)) // L
     gathered = 2 * max(layer_params, V * h) * cbytes if f > 1 else 0
 
@@ -371,9 +394,10 @@ def plan_memory(
         "mesh": [d, f, t],
         "device": device,
         "prompt_len": tp,
-        "rollout_rows": round_prompts * g,
+        "engine": "continuous" if continuous else "static",
+        "rollout_rows": int(cfg.rollout.slots) if continuous else round_prompts * g,
         "rollout_slots": roll_slots,
-        "eval_rows": eval_prompts * eval_g,
+        "eval_rows": int(cfg.rollout.slots) if continuous else eval_prompts * eval_g,
         "eval_slots": ev_slots,
         "micro_rows": micro_rows,
         "micro_rows_per_device": b,

@@ -3,10 +3,11 @@
 from da3po_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from da3po_jax.models.hf_io import load_model, param_table, save_model
 from da3po_jax.models.presets import PRESETS, get_preset, init_model
-from da3po_jax.models.transformer import KVCache, Transformer, positions_from_mask
+from da3po_jax.models.transformer import KVCache, SlotCache, Transformer, positions_from_mask
 
 __all__ = [
     "KVCache",
+    "SlotCache",
     "ModelConfig",
     "PRESETS",
     "RopeScaling",

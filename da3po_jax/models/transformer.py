@@ -61,6 +61,36 @@ class KVCache:
         return self.mask.shape[1]
 
 
+@struct.dataclass
+class SlotCache:
+    """Keys/values of S independent sequences (decode slots), each at its own length.
+
+    Slot s's keys occupy columns [0, length_s) of row s; the lengths live with the caller
+    (the continuous engine), which also says where each step writes. Row s is a run of
+    L / block pages of `block` tokens (see `decode_attention`).
+
+    Attributes:
+      k, v: per-layer [slots, L, kv_heads, head_dim] (compute dtype), L a multiple of block.
+      block: keys per attention block (static).
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    block: int = struct.field(pytree_node=False, default=128)
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, slots: int, max_len: int, block: int) -> SlotCache:
+        """Zeros for `slots` sequences of up to `max_len` tokens (rounded up to blocks)."""
+        cap = -(-max_len // block) * block
+        shape = (slots, cap, cfg.num_kv_heads, cfg.head_dim)
+        zeros = lambda: tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))  # noqa: E731
+        return cls(k=zeros(), v=zeros(), block=block)
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+
 def positions_from_mask(mask: jax.Array) -> jax.Array:
     """RoPE positions of a left-padded batch: 0, 1, ... over real tokens, 0 on padding."""
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -147,6 +177,21 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return y
 
+    def _qkv(self, x, positions, inv_freq):
+        """Projected, normed and rotated q [B, T, heads, D] and k, v [B, T, kv_heads, D]."""
+        q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def _output(self, out: jax.Array) -> jax.Array:
+        """[B, T, heads, D] attention output -> [B, T, hidden]."""
+        cfg = self.cfg
+        out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(cfg.jnp_dtype))
+        if cfg.o_bias:
+            out = out + self.o_bias[...].astype(cfg.jnp_dtype)
+        return out
+
     def __call__(self, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache):
         """Attention for one layer.
 
@@ -163,10 +208,7 @@ class Attention(nnx.Module):
           ([B, T, hidden] output, updated (k, v) or None).
         """
         cfg = self.cfg
-        q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q, k, v = self._qkv(x, positions, inv_freq)
         if layer_cache is not None:
             start = (0, q_slots[0], 0, 0)
             k = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(layer_cache[0].dtype), start)
@@ -181,10 +223,84 @@ class Attention(nnx.Module):
         scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, -1)
-        out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(cfg.jnp_dtype))
-        if cfg.o_bias:
-            out = out + self.o_bias[...].astype(cfg.jnp_dtype)
-        return out, layer_cache
+        return self._output(out), layer_cache
+
+    def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
+        """One decode step of S independent slots (the continuous engine's layout).
+
+        Args:
+          x: [S, 1, hidden], one token per slot; positions: [S, 1] their RoPE positions.
+          inv_freq: [head_dim // 2].
+          layer_cache: (k, v) [S, L, kv_heads, D]; slot s's keys occupy columns
+            [0, lengths[s]).
+          write: [S] int32 column where each slot's new key/value goes (>= L: no write).
+          lengths: [S] int32 keys each slot attends to after the write (0: none).
+          block: keys per attention block (L is a multiple of it).
+
+        Returns:
+          ([S, 1, hidden] output, updated (k, v)).
+        """
+        cfg = self.cfg
+        q, k, v = self._qkv(x, positions, inv_freq)
+        rows = jnp.arange(x.shape[0])
+        kc, vc = layer_cache
+        kc = kc.at[rows, write].set(k[:, 0].astype(kc.dtype), mode="drop")
+        vc = vc.at[rows, write].set(v[:, 0].astype(vc.dtype), mode="drop")
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(x.shape[0], cfg.num_kv_heads, groups, cfg.head_dim)
+        out = decode_attention(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
+        out = out.reshape(x.shape[0], 1, cfg.num_heads, cfg.head_dim).astype(x.dtype)
+        return self._output(out), (kc, vc)
+
+
+def decode_attention(q, k, v, lengths, block: int) -> jax.Array:
+    """Softmax attention of one query per slot over the first `lengths[s]` keys of its row,
+    block by block (online softmax), visiting only the blocks below the longest length: the
+    cost follows the live lengths, not the cache capacity.
+
+    This is the pure-JAX reference of a ragged (paged) decode kernel: the cache
+    [S, L, kv_heads, D] is a pool of S * L / block pages of `block` tokens whose page table
+    is the identity (slot s owns pages s * L / block, ...), the layout a paged kernel such
+    as Pallas' TPU ragged paged attention reads (see docs/design.md).
+
+    Args:
+      q: [S, kv_heads, groups, D] queries; k, v: [S, L, kv_heads, D].
+      lengths: [S] int32 keys per slot (0: the output is 0).
+      block: keys per block; L must be a multiple of it.
+
+    Returns:
+      [S, kv_heads, groups, D] float32.
+    """
+    s, cap, kvh, d = k.shape
+    if cap % block:
+        raise ValueError(f"cache length {cap} is not a multiple of the block {block}")
+    scale = 1.0 / math.sqrt(d)
+    num_blocks = (jnp.max(lengths) + block - 1) // block
+    offsets = jnp.arange(block)
+
+    def body(i, carry):
+        m, denom, acc = carry
+        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=1)
+        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=1)
+        sc = jnp.einsum("skgd,sbkd->skgb", q, kb, preferred_element_type=jnp.float32) * scale
+        valid = (i * block + offsets)[None, :] < lengths[:, None]  # [S, block]
+        sc = jnp.where(valid[:, None, None], sc, _NEG_INF)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+        p = jnp.exp(sc - m_new[..., None]) * valid[:, None, None]
+        corr = jnp.exp(m - m_new)
+        pv = jnp.einsum(
+            "skgb,sbkd->skgd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32
+        )
+        return m_new, denom * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+
+    groups = q.shape[2]
+    init = (
+        jnp.full((s, kvh, groups), _NEG_INF, jnp.float32),
+        jnp.zeros((s, kvh, groups), jnp.float32),
+        jnp.zeros((s, kvh, groups, d), jnp.float32),
+    )
+    _, denom, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    return acc / jnp.maximum(denom, 1e-30)[..., None]
 
 
 class MLP(nnx.Module):
@@ -213,9 +329,18 @@ class DecoderLayer(nnx.Module):
         attn_out, layer_cache = self.attn(
             self.input_norm(x), positions, inv_freq, q_slots, k_slots, key_mask, layer_cache
         )
+        return self._rest(x, attn_out), layer_cache
+
+    def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
+        """`Attention.decode` in the layer (slots, one token each)."""
+        attn_out, layer_cache = self.attn.decode(
+            self.input_norm(x), positions, inv_freq, layer_cache, write, lengths, block
+        )
+        return self._rest(x, attn_out), layer_cache
+
+    def _rest(self, x, attn_out):
         x = x + attn_out
-        x = x + self.mlp(self.post_attn_norm(x))
-        return x, layer_cache
+        return x + self.mlp(self.post_attn_norm(x))
 
 
 class Transformer(nnx.Module):
@@ -275,6 +400,36 @@ class Transformer(nnx.Module):
         if cache is not None:
             cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=key_mask, index=cache.index + t)
         return self.final_norm(x), cache
+
+    def decode_slots(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: SlotCache,
+        write: jax.Array,
+        lengths: jax.Array,
+    ) -> tuple[jax.Array, SlotCache]:
+        """One decode step of S slots: float32 logits [S, vocab] of tokens [S] fed at
+        `positions` [S], their keys/values written at column `write` [S] of each slot
+        (>= L: not written), each slot attending to its first `lengths` [S] keys."""
+        cfg = self.cfg
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)[:, None]
+        inv_freq = rope_inv_freq(cfg)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, (k, v) = layer.decode(
+                x,
+                positions[:, None],
+                inv_freq,
+                (cache.k[i], cache.v[i]),
+                write,
+                lengths,
+                cache.block,
+            )
+            new_k.append(k)
+            new_v.append(v)
+        h = self.final_norm(x)[:, 0]
+        return self.logits(h), cache.replace(k=tuple(new_k), v=tuple(new_v))
 
     def _unembed(self) -> jax.Array:
         """Output projection as [hidden, vocab] in the compute dtype."""

@@ -6,7 +6,7 @@ fixed-capacity buffer (`DSBuffer`); once it holds the training batch the step tr
 (empty slots masked by `valid`), and kept groups that did not fit (the *surplus*) are
 returned so the host can seed the next step's buffer with them. Every function here has
 fixed output shapes and jits once per (capacity, round size); the loop over rounds, the
-choice of new prompts and the `max_rounds` warning are host-side.
+choice of new prompts and the `max_prompts` warning are host-side.
 
 Groups are the leading axis of every leaf of an `items` pytree (e.g. tokens `[N, G, T]`,
 rewards `[N, G]`, prompt ids `[N]`).

@@ -93,12 +93,32 @@ class GroupScores:
     stats: dict[str, int]  # verifier status counts (ok, timeout, error, no_answer, ...)
     seconds: dict[str, float]  # {"rollout": ..., "scoring": ...}
 
+    def head(self, n: int) -> GroupScores:
+        """The first `n` prompts' facts (an engine's padding dropped). The verifier counts
+        stay those of every scored row."""
+        return dataclasses.replace(
+            self,
+            correct=self.correct[:n],
+            rewards=self.rewards[:n],
+            lengths=self.lengths[:n],
+            truncated=self.truncated[:n],
+        )
+
 
 @dataclasses.dataclass
 class ScoredGroups:
     """Finished, scored groups as a rollout engine returns them: the batch on device (its
-    `history` left empty for the collector to fill) and the same groups' host facts."""
+    `history` left empty for the collector to fill) and the same groups' host facts.
+
+    An engine that returns batches of one fixed size pads them: `valid` [N] (host bool)
+    marks the real rows, which come first; `scores` and `problems` cover those only."""
 
     batch: GroupBatch
     scores: GroupScores
     problems: list[MathProblem]
+    valid: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.valid is None:
+            self.valid = np.ones(self.batch.num_groups, bool)
+        self.valid = np.asarray(self.valid, bool)

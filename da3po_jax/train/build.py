@@ -19,14 +19,15 @@ from da3po_jax.models import Transformer
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rl import OverlongConfig
-from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.sampling import GenerateConfig, Sampler, continuous
+from da3po_jax.sampling.continuous import SlotConfig, SlotDecoder
 from da3po_jax.sampling.host import pick_bucket
 from da3po_jax.sampling.sampler import generate_with_cache
 from da3po_jax.train import config as config_lib
 from da3po_jax.train import perf
 from da3po_jax.train.checkpoint import Checkpointer
 from da3po_jax.train.collector import CollectConfig, Collector, DSConfig
-from da3po_jax.train.engine import RolloutEngine, StaticEngine
+from da3po_jax.train.engine import ContinuousEngine, RolloutEngine, StaticEngine
 from da3po_jax.train.evaluation import HeldoutEval
 from da3po_jax.train.logger import MetricsLogger
 from da3po_jax.train.rl_step import RLStepConfig, RLUpdate
@@ -77,7 +78,7 @@ def rl_step_config(cfg) -> RLStepConfig:
 
 
 def round_size(cfg) -> int:
-    """Prompts per generation round: one full batch without dynamic sampling."""
+    """Prompts per static-engine round: one full batch without dynamic sampling."""
     return cfg.rollout.prompts_per_round if cfg.ds.enable else cfg.rl.train_prompts
 
 
@@ -86,8 +87,7 @@ def collect_config(cfg, step_cfg: RLStepConfig) -> CollectConfig:
     capacity, daa = cfg.rl.train_prompts, step_cfg.daa
     return CollectConfig(
         capacity=capacity,
-        round_size=round_size(cfg),
-        max_rounds=cfg.ds.max_rounds if cfg.ds.enable else 1,
+        max_prompts=cfg.ds.max_prompts if cfg.ds.enable else capacity,
         ds=DSConfig(
             enable=bool(cfg.ds.enable),
             metric=cfg.ds.metric,
@@ -101,30 +101,63 @@ def collect_config(cfg, step_cfg: RLStepConfig) -> CollectConfig:
     )
 
 
-def train_prompt_len(ctx: RunContext) -> int:
-    """The fixed prompt length of training groups: the bucket of the longest prompt."""
-    longest = max(len(ctx.encoder.ids(p)) for p in ctx.data.train)
+def prompt_len_of(ctx: RunContext, problems) -> int:
+    """The padded prompt length of `problems`' groups: the bucket of the longest."""
+    longest = max(len(ctx.encoder.ids(p)) for p in problems)
     return pick_bucket(longest, ctx.cfg.rollout.prompt_buckets)
 
 
-def static_engine(ctx: RunContext, sampler: Sampler, gen: GenerateConfig) -> StaticEngine:
-    cfg = ctx.cfg
+def static_engine(ctx: RunContext, graphdef, model_cfg, gen, **spec) -> StaticEngine:
+    """A `StaticEngine` with its own `Sampler` (its cache freed by `release`)."""
     return StaticEngine(
-        sampler,
+        Sampler(graphdef, model_cfg, gen),
         ctx.encoder,
         ctx.scorer,
         gen,
-        train_prompt_len(ctx),
-        {p.id: i for i, p in enumerate(ctx.data.train)},
+        spec["prompt_len"],
+        spec["index_of"],
         ctx.mesh,
-        round_size=round_size(cfg),
+        round_size=spec["round_size"],
     )
 
 
-# `rollout.engine` -> (context, the policy's sampler, sampling settings) -> engine
-ENGINES: dict[str, Callable[[RunContext, Sampler, GenerateConfig], RolloutEngine]] = {
+def continuous_engine(ctx: RunContext, graphdef, model_cfg, gen, **spec) -> ContinuousEngine:
+    """A `ContinuousEngine` of `rollout.slots` slots (freed by `release`)."""
+    r = ctx.cfg.rollout
+    slots = SlotConfig(
+        slots=r.slots,
+        prompt_len=spec["prompt_len"],
+        steps_per_call=r.steps_per_call,
+        block=r.attention_block,
+    )
+    decoder = SlotDecoder(graphdef, model_cfg, gen, slots, ctx.mesh)
+    return ContinuousEngine(
+        decoder, ctx.encoder, ctx.scorer, spec["prompt_len"], spec["index_of"], ctx.mesh
+    )
+
+
+# `rollout.engine` -> (context, graphdef, model config, sampling settings, *, prompt_len,
+# round_size (static calls), index_of (dataset index of a problem id)) -> engine
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {
     "static": static_engine,
+    "continuous": continuous_engine,
 }
+
+
+def make_engine(
+    ctx: RunContext, graphdef, model_cfg, gen, problems, round_size: int, index_of=None
+):
+    """The configured engine for groups of `problems` (their longest prompt sets the
+    prompt length); `round_size` prompts per static call."""
+    return ENGINES[ctx.cfg.rollout.engine](
+        ctx,
+        graphdef,
+        model_cfg,
+        gen,
+        prompt_len=prompt_len_of(ctx, problems),
+        round_size=round_size,
+        index_of=index_of or {},
+    )
 
 
 def build_trainer(
@@ -155,8 +188,8 @@ def build_trainer(
         teacher=nnx.split(teacher) if teacher is not None else None,
     )
     gen, eval_gen = generate_configs(cfg, ctx.tokenizer)
-    sampler = Sampler(graphdef, model.cfg, gen)  # shared by rollout and eval: one cache
-    engine = ENGINES[cfg.rollout.engine](ctx, sampler, gen)
+    index_of = {p.id: i for i, p in enumerate(ctx.data.train)}
+    engine = make_engine(ctx, graphdef, model.cfg, gen, ctx.data.train, round_size(cfg), index_of)
     # every host walks the same global stream; each feeds its rows of every batch
     iterator = PromptIterator(ctx.data.train, seed=cfg.seed)
     collector = Collector(engine, iterator, collect_config(cfg, step_cfg), mesh)
@@ -172,7 +205,7 @@ def build_trainer(
         collector.initial_carry(len(ctx.data.train)),
         collector,
         update,
-        heldout_eval(ctx, sampler, eval_gen),
+        heldout_eval(ctx, graphdef, model.cfg, eval_gen),
         Checkpointer(ctx.workdir, cfg.train.keep_checkpoints, finite=("['train']",)),
         logger,
         stop=ctx.stop,
@@ -181,18 +214,16 @@ def build_trainer(
     )
 
 
-def heldout_eval(ctx: RunContext, sampler: Sampler, gen: GenerateConfig) -> HeldoutEval:
-    """The loop's periodic eval on the first `eval.max_prompts` held-out problems."""
+def heldout_eval(ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig) -> HeldoutEval:
+    """The loop's periodic eval on the first `eval.max_prompts` held-out problems, through
+    an engine of the configured kind (its memory freed after each eval)."""
     cfg = ctx.cfg
+    problems = ctx.data.heldout[: cfg.eval.max_prompts or None]
+    if not problems:
+        return HeldoutEval(None, [], cfg.seed)
+    size = min(cfg.eval.prompts_per_call, len(problems))
     return HeldoutEval(
-        sampler,
-        ctx.encoder,
-        ctx.scorer,
-        gen,
-        ctx.data.heldout[: cfg.eval.max_prompts or None],
-        cfg.eval.prompts_per_call,
-        cfg.seed,
-        ctx.mesh,
+        make_engine(ctx, graphdef, model_cfg, gen, problems, size), problems, cfg.seed
     )
 
 
@@ -203,6 +234,8 @@ def step_perf(cfg, model, teacher, engine: RolloutEngine, update: RLUpdate, coll
     counts.watch("update", update.fn)
     counts.watch("ds_round", collector.round_update)
     counts.watch("sampler", generate_with_cache)
+    for name in ("admit_groups", "decode_steps"):
+        counts.watch(name, count=lambda name=name: continuous.trace_counts().get(name, 0))
     rows = cfg.rl.train_prompts * cfg.rollout.group_size
     seq = engine.prompt_len + engine.max_new_tokens
     teacher_flops = perf.forward_flops(teacher.cfg, rows, seq) if teacher is not None else 0.0

@@ -2,10 +2,10 @@
 
 `Collector` owns the prompt iterator (the data position), asks the rollout engine for
 scored groups, runs dynamic sampling (the keep mask and the fixed-capacity buffer, jitted;
-the loop over rounds and the round cap, on the host) and updates the state carried from
-step to step, `RLCarry`: the dynamic-sampling surplus, the DAA prior's moment EMA and the
-per-prompt history table. A checkpoint is the train state + this carry + the iterator's
-position.
+the stream of admissions and the cap on admitted prompts, on the host) and updates the
+state carried from step to step, `RLCarry`: the dynamic-sampling surplus, the DAA prior's
+moment EMA and the per-prompt history table. A checkpoint is the train state + this
+carry + the iterator's position.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ class CollectConfig:
 
     Attributes:
       capacity: groups per training batch (`rl.train_prompts`).
-      round_size: prompts per generation round.
-      max_rounds: generation rounds per step at most (1 without dynamic sampling).
-      ds: the round's keep rule.
+      max_prompts: prompts admitted per step at most (`ds.max_prompts`; `capacity`
+        without dynamic sampling).
+      ds: the keep rule of finished groups.
       prior_ema: decay of the prior's moment EMA.
       history_decay: decay of the per-prompt counts (when `track_history`).
       use_prior: the DAA rule reads the Beta prior (the update gets `prior(carry)`).
@@ -94,8 +94,7 @@ class CollectConfig:
     """
 
     capacity: int
-    round_size: int
-    max_rounds: int
+    max_prompts: int
     ds: DSConfig
     prior_ema: float = 0.9
     history_decay: float = 0.5
@@ -115,13 +114,13 @@ class Collected:
     metrics: dict[str, float]
 
 
-def ds_round_update(buffer: DSBuffer, items: GroupBatch, cfg: DSConfig):
-    """Adds a round's kept groups to the buffer (jit with `cfg` static).
+def ds_round_update(buffer: DSBuffer, items: GroupBatch, valid: jax.Array, cfg: DSConfig):
+    """Adds finished groups' kept ones to the buffer (jit with `cfg` static).
 
     The keep mask is DAPO's (non-zero variance of the metric within the group), computed
     on the shaped reward R + R_len when `cfg.metric == "reward"`; with dynamic sampling
-    off every group is kept. Returns (buffer, the kept groups that did not fit, keep [N],
-    group accuracy [N]).
+    off every group is kept. Rows with `valid` [N] False (an engine's padding) never are.
+    Returns (buffer, the kept groups that did not fit, keep [N], group accuracy [N]).
     """
     n = items.tokens.shape[0]
     correct = items.correct.reshape(-1)
@@ -132,6 +131,7 @@ def ds_round_update(buffer: DSBuffer, items: GroupBatch, cfg: DSConfig):
         keep = ds_keep_mask(correct, rewards.reshape(-1), cfg.group_size, metric=cfg.metric)
     else:
         keep = jnp.ones((n,), jnp.bool_)
+    keep = keep & valid
     buffer, surplus = ds_add_round(buffer, items, keep)
     mu, _, _ = group_accuracy(correct, cfg.group_size)
     return buffer, surplus, keep, mu
@@ -155,17 +155,17 @@ class Collector:
         mesh: Mesh | None = None,
     ):
         self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
-        self.round_update = jax.jit(ds_round_update, static_argnums=(2,))
+        self.round_update = jax.jit(ds_round_update, static_argnums=(3,))
         self._seed_buffer = jax.jit(ds_add_round)
         self._take = jax.jit(ds_take, static_argnums=(1,))
         self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
 
     def initial_carry(self, num_prompts: int) -> RLCarry:
         """An empty surplus, a fresh prior and a zero table for `num_prompts` prompts."""
-        c, e = self.config, self.engine
-        like = GroupBatch.zeros(c.round_size, e.group_size, e.prompt_len, e.max_new_tokens)
+        e = self.engine
+        like = GroupBatch.zeros(1, e.group_size, e.prompt_len, e.max_new_tokens)
         carry = RLCarry(
-            surplus=ds_empty_buffer(like, c.round_size),
+            surplus=ds_empty_buffer(like, e.max_in_flight),
             prior=init_prior_state(),
             history=PromptHistory(jnp.zeros(num_prompts), jnp.zeros(num_prompts)),
         )
@@ -173,59 +173,64 @@ class Collector:
         return jax.device_put(carry, replicated(self.mesh) if self.mesh else jax.devices()[0])
 
     def collect(self, params, carry: RLCarry, key: jax.Array) -> tuple[Collected, RLCarry]:
-        """Admits rounds of prompts (the step's j-th prompt sampled with the key
-        fold_in(key, j), `sampling.prompt_keys`) while the batch lacks
-        kept groups and fewer than `max_rounds` ran, and adds every finished group as it
-        comes back, until the engine has nothing in flight: every generated group lands
-        in the batch or in the next step's surplus (one round of slots; a streaming
-        engine that returns more after the batch is full has the excess dropped, with a
-        warning). Returns the batch and the new carry."""
-        cfg = self.config
-        self.engine.sync_weights(params)
-        pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + cfg.round_size)
+        """Dynamic sampling as a stream: while the batch lacks kept groups and fewer than
+        `max_prompts` prompts were admitted, admits as many new prompts as the engine has
+        room for (the step's j-th prompt sampled with the key fold_in(key, j),
+        `sampling.prompt_keys`), and adds finished groups as they come back, until the
+        engine has nothing in flight. Groups still in flight when the batch fills finish
+        and go to the next step's surplus, so nothing generated is thrown away (the
+        pending buffer has room for the engine's `max_in_flight` groups beyond the batch).
+        Returns the batch and the new carry."""
+        cfg, engine = self.config, self.engine
+        engine.sync_weights(params)
+        pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + engine.max_in_flight)
         pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
-        stats = RoundStats(cfg.max_rounds * cfg.round_size)
+        stats = RoundStats(cfg.max_prompts)
         generated: list[tuple[jax.Array, jax.Array]] = []
-        rounds = 0
+        admitted, count = 0, int(pending.count)
         while True:
-            wanted = int(pending.count) < cfg.capacity
-            while wanted and rounds < cfg.max_rounds and self.engine.capacity() >= cfg.round_size:
-                keys = prompt_keys(key, cfg.round_size, start=rounds * cfg.round_size)
-                self.engine.admit(self.iterator.next_batch(cfg.round_size), keys)
-                rounds += 1
-            done = self.engine.finished()
-            if not done:
+            room = min(engine.capacity(), cfg.max_prompts - admitted)
+            if count < cfg.capacity and room > 0:
+                keys = prompt_keys(key, room, start=admitted)
+                engine.admit(self.iterator.next_batch(room), keys)
+                admitted += room
+                continue
+            if not engine.in_flight():
                 break
-            for groups in done:
+            for groups in engine.finished():
                 items = groups.batch.replace(history=self._history_of(carry, groups.batch))
-                generated.append((items.prompt_index, items.correct))
-                pending, dropped, keep, mu = self.round_update(pending, items, cfg.ds)
+                valid = jnp.asarray(groups.valid)
+                # padding rows are no prompt's outcome (-1: not in the history table)
+                generated.append((jnp.where(valid, items.prompt_index, -1), items.correct))
+                pending, dropped, keep, mu = self.round_update(pending, items, valid, cfg.ds)
                 stats.add(groups, to_host(keep), to_host(mu), dropped.count)
+            count = int(pending.count)
         batch, surplus = self._take(pending, cfg.capacity)
-        count = int(batch.count)
-        self._warn(rounds, count, int(stats.dropped))  # one sync, not one per round
+        self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()
         prior = self._prior_update(carry.prior, acc, acc_valid, cfg.prior_ema)
         carry = carry.replace(surplus=surplus, prior=prior)
-        metrics = stats.summary(rounds, count, cfg.capacity, int(surplus.count))
+        metrics = stats.summary(
+            admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
+        )
         return Collected(batch.items, batch.valid, generated, metrics), carry
 
-    def _warn(self, rounds: int, count: int, dropped: int) -> None:
+    def _warn(self, admitted: int, count: int, dropped: int) -> None:
         cfg = self.config
         if count < cfg.capacity:
             log.warning(
-                "dynamic sampling reached ds.max_rounds=%d with %d of %d groups; "
-                "training on what was kept",
-                cfg.max_rounds,
+                "dynamic sampling reached ds.max_prompts=%d admitted prompts with %d of %d "
+                "groups; training on what was kept",
+                cfg.max_prompts,
                 count,
                 cfg.capacity,
             )
         if dropped:
             log.warning(
-                "%d kept groups did not fit the batch and one round of surplus (%d rounds "
-                "admitted): dropped",
+                "%d kept groups did not fit the batch and the surplus (%d prompts admitted): "
+                "dropped",
                 dropped,
-                rounds,
+                admitted,
             )
 
     def _history_of(self, carry: RLCarry, batch: GroupBatch) -> PromptHistory:
@@ -299,7 +304,7 @@ def _occurrence_rank(idx: np.ndarray) -> np.ndarray:
 
 
 class RoundStats:
-    """Host-side sums over the generation rounds of one step; `max_groups` is the size of
+    """Host-side sums over the groups generated in one step; `max_groups` is the size of
     the fixed-shape accuracy array the prior update reads."""
 
     def __init__(self, max_groups: int):
@@ -309,6 +314,8 @@ class RoundStats:
         self._filled = 0
 
     def add(self, groups: ScoredGroups, keep: np.ndarray, mu: np.ndarray, dropped) -> None:
+        """One engine return: `keep` and `mu` [N] over its rows, padding included."""
+        keep, mu = keep[groups.valid], mu[groups.valid]
         self.scores.append(groups.scores)
         self.dropped += dropped
         self.kept.append(keep)
@@ -319,10 +326,10 @@ class RoundStats:
     def group_accuracies(self) -> tuple[jax.Array, jax.Array]:
         return jnp.asarray(self.acc), jnp.asarray(self.acc_valid)
 
-    def summary(self, rounds: int, count: int, capacity: int, surplus: int) -> dict[str, float]:
+    def summary(self, admitted: int, count: int, capacity: int, surplus: int) -> dict[str, float]:
         seconds = {k: sum(s.seconds[k] for s in self.scores) for k in ("rollout", "scoring")}
         m: dict[str, float] = {
-            "ds/rounds": rounds,
+            "ds/prompts": admitted,
             "ds/batch_fill": count / capacity,
             "ds/surplus_groups": surplus,
             "samples/generated": float(sum(s.correct.size for s in self.scores)),

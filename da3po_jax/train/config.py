@@ -110,6 +110,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rollout.top_k": _non_negative,
     "rollout.logp_old": _choice("sampler", "recompute"),
     "rollout.engine": lambda v: _engine_check(v),
+    "rollout.slots": _positive,
+    "rollout.steps_per_call": _positive,
+    "rollout.attention_block": _positive,
     "rollout.tis_cap": lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
     "rl.train_prompts": _positive,
     "rl.mini_batch_prompts": _positive,
@@ -120,7 +123,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "adv.std_ddof": _choice(0, 1),
     "adv.eps": _non_negative,
     "ds.metric": _choice("acc", "reward"),
-    "ds.max_rounds": _positive,
+    "ds.max_prompts": _positive,
     # "none" is refused here: daa.enable turns DAA off
     "daa.estimator": lambda v: DAA_RULES.check(v, exclude=("none",)),
     # tau = 1 is allowed: every mixed group is hard (`power` uses odds(min(tau, 1 - 1e-6)))
@@ -232,6 +235,18 @@ def _check_relations(cfg) -> None:
             f"config.rl.micro_batch_prompts={rl.micro_batch_prompts} must divide "
             f"config.rl.mini_batch_prompts={rl.mini_batch_prompts}"
         )
+    if cfg.ds.enable and cfg.ds.max_prompts < rl.train_prompts:
+        raise ValueError(
+            f"config.ds.max_prompts={cfg.ds.max_prompts} must be >= "
+            f"config.rl.train_prompts={rl.train_prompts} (prompts admitted per step at most)"
+        )
+    if cfg.rollout.engine == "continuous":
+        samples = max(cfg.rollout.group_size, cfg.eval.num_samples)
+        if cfg.rollout.slots < samples:
+            raise ValueError(
+                f"config.rollout.slots={cfg.rollout.slots} must be >= {samples} (one group: "
+                "rollout.group_size and eval.num_samples samples)"
+            )
     if cfg.overlong.buffer > cfg.rollout.max_new_tokens:
         raise ValueError(
             f"config.overlong.buffer={cfg.overlong.buffer} exceeds "

@@ -1,9 +1,9 @@
 """Held-out evaluation: avg@k (mean accuracy over k samples) and pass@k, by tier.
 
-Prompts go through the sampler in fixed-size calls (the last call is padded by repeating
-prompts, whose results are dropped) so evaluation compiles once per bucket. The calls
-reuse one donated KV cache, freed when evaluation ends (`Sampler.clear`): the sampler may
-be the trainer's, and no cache may stay alive through the next update.
+Evaluation runs through a rollout engine (`train/engine.py`), the same kind as training's:
+prompts are admitted as the engine has room, prompt i sampled with the key
+fold_in(rng, i), and the engine's memory is freed when evaluation ends (`release`), so no
+cache stays alive through the next update.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
-from da3po_jax.rewards import RewardScorer
-from da3po_jax.sampling import GenerateConfig, Sampler, prompt_keys
-from da3po_jax.train.rollout import PromptEncoder, sample_and_score
+from da3po_jax.sampling import prompt_keys
+from da3po_jax.train.engine import RolloutEngine
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -30,59 +28,55 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate(
-    params,
-    problems: Sequence[MathProblem],
-    *,
-    sampler: Sampler,
-    encoder: PromptEncoder,
-    scorer: RewardScorer,
-    gen: GenerateConfig,
-    prompts_per_call: int,
-    rng: jax.Array,
-    mesh: Mesh | None = None,
+    engine: RolloutEngine, params, problems: Sequence[MathProblem], rng: jax.Array
 ) -> dict[str, float]:
-    """avg@k and pass@k over `problems` (k = gen.num_samples), overall and per tier.
+    """avg@k and pass@k over `problems` (k = the engine's group size), overall and per tier.
 
     Returns:
       `eval/avg@k`, `eval/pass@k`, `eval/avg@k/<tier>`, `eval/pass@k/<tier>`,
       `eval/response_len`, `eval/truncated_frac`, `eval/num_prompts`.
     """
-    k = gen.num_samples
-    per_prompt: list[np.ndarray] = []
-    lengths, truncated = [], []
-    try:
-        for start in range(0, len(problems), prompts_per_call):
-            chunk = list(problems[start : start + prompts_per_call])
-            real = len(chunk)
-            chunk += [chunk[i % real] for i in range(prompts_per_call - real)]
-            keys = prompt_keys(rng, prompts_per_call, start=start)  # prompt i: fold_in(rng, i)
-            _, host = sample_and_score(
-                sampler,
-                params,
-                chunk,
-                keys,
-                encoder=encoder,
-                scorer=scorer,
-                gen=gen,
-                mesh=mesh,
-            )
-            per_prompt.extend(host.correct[:real])
-            lengths.append(host.lengths[:real])
-            truncated.append(host.truncated[:real])
-    finally:  # the eval cache is not kept alive past evaluation (what the planner counts)
-        sampler.clear()
-    acc = np.stack(per_prompt) if per_prompt else np.zeros((0, k))
+    k = engine.group_size
+    problems = list(problems)
+    rows = _generate_all(engine, params, problems, rng)
+    acc = np.stack([r[0] for r in rows]) if rows else np.zeros((0, k))
     tiers = defaultdict(list)
     for p, row in zip(problems, acc):
         tiers[p.tier or "all"].append(row)
     metrics = _summary(acc, k, "")
-    for tier, rows in sorted(tiers.items()):
+    for tier, tier_rows in sorted(tiers.items()):
         if tier != "all":
-            metrics.update(_summary(np.stack(rows), k, f"/{tier}"))
-    metrics["eval/response_len"] = float(np.concatenate(lengths).mean()) if lengths else 0.0
-    metrics["eval/truncated_frac"] = float(np.concatenate(truncated).mean()) if lengths else 0.0
+            metrics.update(_summary(np.stack(tier_rows), k, f"/{tier}"))
+    lengths = np.concatenate([r[1] for r in rows]) if rows else np.zeros(0)
+    truncated = np.concatenate([r[2] for r in rows]) if rows else np.zeros(0)
+    metrics["eval/response_len"] = float(lengths.mean()) if rows else 0.0
+    metrics["eval/truncated_frac"] = float(truncated.mean()) if rows else 0.0
     metrics["eval/num_prompts"] = float(len(problems))
     return metrics
+
+
+def _generate_all(engine: RolloutEngine, params, problems: list[MathProblem], rng):
+    """(correct [k], lengths [k], truncated [k]) of every problem, in order."""
+    where: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(problems):
+        where[id(p)].append(i)
+    rows: list = [None] * len(problems)
+    engine.sync_weights(params)
+    try:
+        start = 0
+        while start < len(problems) or engine.in_flight():
+            n = min(engine.capacity(), len(problems) - start)
+            if n > 0:
+                engine.admit(problems[start : start + n], prompt_keys(rng, n, start=start))
+                start += n
+                continue
+            for groups in engine.finished():
+                s = groups.scores
+                for j, p in enumerate(groups.problems):
+                    rows[where[id(p)].pop(0)] = (s.correct[j], s.lengths[j], s.truncated[j])
+    finally:  # the eval cache is not kept alive past evaluation (what the planner counts)
+        engine.release()
+    return rows
 
 
 def _summary(acc: np.ndarray, k: int, suffix: str) -> dict[str, float]:
@@ -100,26 +94,12 @@ class HeldoutEval:
     """The loop's periodic held-out evaluation: `evaluate` on fixed problems, the RNG
     folded with the step so that a resumed run evaluates exactly as an uninterrupted one."""
 
-    sampler: Sampler
-    encoder: PromptEncoder
-    scorer: RewardScorer
-    gen: GenerateConfig
+    engine: RolloutEngine | None
     problems: list[MathProblem]
-    prompts_per_call: int
     seed: int
-    mesh: Mesh | None = None
 
     def __call__(self, params, step: int) -> dict[str, float]:
         if not self.problems:
             return {}
-        return evaluate(
-            params,
-            self.problems,
-            sampler=self.sampler,
-            encoder=self.encoder,
-            scorer=self.scorer,
-            gen=self.gen,
-            prompts_per_call=min(self.prompts_per_call, len(self.problems)),
-            rng=jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), step),
-            mesh=self.mesh,
-        )
+        rng = jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), step)
+        return evaluate(self.engine, params, self.problems, rng)

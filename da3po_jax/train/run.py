@@ -24,9 +24,8 @@ from ml_collections import config_dict
 from da3po_jax.models import save_model
 from da3po_jax.parallel import is_main_process, make_mesh, to_host
 from da3po_jax.rewards import RewardScorer
-from da3po_jax.sampling import Sampler
 from da3po_jax.train import config as config_lib
-from da3po_jax.train.build import RunContext, build_trainer
+from da3po_jax.train.build import RunContext, build_trainer, make_engine
 from da3po_jax.train.checkpoint import (
     Checkpointer,
     check_compatible,
@@ -150,21 +149,11 @@ def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs")
 def _sft_stop_check(ctx: RunContext, graphdef, model_cfg, logger):
     cfg = ctx.cfg
     gen = generate_configs(cfg, ctx.tokenizer)[0].replace(num_samples=4)
-    sampler = Sampler(graphdef, model_cfg, gen)
     problems = ctx.data.train[: cfg.sft.check_prompts]
+    engine = make_engine(ctx, graphdef, model_cfg, gen, problems, len(problems))
 
     def check(state, step: int) -> bool:
-        metrics = evaluate(
-            state.params,
-            problems,
-            sampler=sampler,
-            encoder=ctx.encoder,
-            scorer=ctx.scorer,
-            gen=gen,
-            prompts_per_call=len(problems),
-            rng=jax.random.PRNGKey(cfg.seed + step),
-            mesh=ctx.mesh,
-        )
+        metrics = evaluate(engine, state.params, problems, jax.random.PRNGKey(cfg.seed + step))
         acc = metrics["eval/avg@4"]
         logger.write(step, {"sft/check_acc": acc}, kind="sft")
         log.info(
@@ -372,17 +361,9 @@ def _heldout_eval(ctx: RunContext, model) -> dict[str, float]:
     graphdef, params = nnx.split(model)
     gen = generate_configs(cfg, ctx.tokenizer)[1]
     problems = ctx.data.heldout[: cfg.eval.max_prompts or None]
-    return evaluate(
-        params,
-        problems,
-        sampler=Sampler(graphdef, model.cfg, gen),
-        encoder=ctx.encoder,
-        scorer=ctx.scorer,
-        gen=gen,
-        prompts_per_call=min(cfg.eval.prompts_per_call, len(problems)),
-        rng=jax.random.PRNGKey(cfg.seed + 1),
-        mesh=ctx.mesh,
-    )
+    size = min(cfg.eval.prompts_per_call, len(problems))
+    engine = make_engine(ctx, graphdef, model.cfg, gen, problems, size)
+    return evaluate(engine, params, problems, jax.random.PRNGKey(cfg.seed + 1))
 
 
 def _sft_stage(ctx: RunContext) -> dict[str, Any]:

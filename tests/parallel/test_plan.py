@@ -142,3 +142,32 @@ def test_reference_and_teacher_copies():
     cfg.teacher.preset = "tiny-qwen2"
     plan = plan_memory(cfg, num_devices=1)
     assert plan.reference == plan.params and plan.teacher == plan.params > 0
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (4, 1, 1), (2, 2, 1)])
+def test_continuous_engine_cache_is_the_slots_cache(shape):
+    """With `rollout.engine = continuous` the counted KV cache is the slot cache
+    `init_slots` allocates (S rows split over data x fsdp, Tp + N - 1 rounded up to the
+    attention block), for rollout and eval alike, and the surplus is 4 x S / G groups."""
+    from da3po_jax.models import get_preset
+    from da3po_jax.plan import group_buffer_nbytes
+    from da3po_jax.sampling.continuous import SlotConfig
+    from da3po_jax.sampling.sampler import GenerateConfig
+
+    cfg = tiny_cfg()
+    cfg.mesh.shape = shape
+    cfg.rollout.engine, cfg.rollout.slots, cfg.rollout.attention_block = "continuous", 32, 16
+    plan = plan_memory(cfg, num_devices=shape[0] * shape[1])
+    tp, tn, g = max(cfg.rollout.prompt_buckets), cfg.rollout.max_new_tokens, 8
+    mc = get_preset("tiny-qwen2", vocab_size=512)
+    from da3po_jax.sampling.continuous import init_slots
+
+    slots = jax.eval_shape(
+        lambda: init_slots(mc, GenerateConfig(g, tn), SlotConfig(32, tp, block=16))
+    )
+    cache = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(slots.cache))
+    assert plan.kv_cache == cache // (shape[0] * shape[1])
+    assert plan.info["rollout_slots"] == -(-(tp + tn - 1) // 16) * 16
+    dev = shape[0] * shape[1]
+    batch = group_buffer_nbytes(g, tp, tn, cfg.rl.train_prompts, dev)
+    assert plan.batch == batch + group_buffer_nbytes(g, tp, tn, 4 * 32 // g, dev)

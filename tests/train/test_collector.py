@@ -1,6 +1,7 @@
 """The collect stage against stand-in rollout engines (no model): the batch, the surplus
-carried to the next step, the round cap, and the same result from a streaming engine
-that returns groups in pieces while it still holds more prompts."""
+carried to the next step, the cap on admitted prompts, the same batch from a streaming
+engine that returns groups in pieces while the collector keeps admitting, and padded
+returns."""
 
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ def kept_in_order(engine) -> list[int]:
 
 class FakeEngine:
     """Scores each admitted prompt by `verdicts`. `slots` prompts may be in flight;
-    `finished()` returns `chunk` of them at a time (the oldest first)."""
+    `finished()` returns `chunk` of them at a time (the oldest first), padded to `pad_to`
+    rows when set."""
 
     group_size, prompt_len, max_new_tokens = G, TP, TN
 
-    def __init__(self, slots: int, chunk: int):
-        self.slots, self.chunk = slots, chunk
+    def __init__(self, slots: int, chunk: int, pad_to: int = 0):
+        self.slots, self.chunk, self.pad_to = slots, chunk, pad_to
+        self.max_in_flight = slots
         self.queue: list[MathProblem] = []
         self.admitted: list[list[str]] = []
         self.synced = self.released = 0
@@ -53,9 +56,13 @@ class FakeEngine:
     def capacity(self) -> int:
         return self.slots - len(self.queue)
 
-    def admit(self, problems, rng) -> None:
+    def admit(self, problems, keys) -> None:
+        assert len(keys) == len(problems)
         self.admitted.append([p.id for p in problems])
         self.queue.extend(problems)
+
+    def in_flight(self) -> int:
+        return len(self.queue)
 
     def finished(self) -> list[ScoredGroups]:
         if not self.queue:
@@ -63,7 +70,13 @@ class FakeEngine:
         if self.in_flight_at_first_return is None:
             self.in_flight_at_first_return = len(self.queue)
         done, self.queue = self.queue[: self.chunk], self.queue[self.chunk :]
-        return [_scored(done)]
+        if not self.pad_to:
+            return [_scored(done)]
+        # padding rows: copies of a kept (mixed) group, which must still never be kept
+        padded = _scored(done + [PROBLEMS[1]] * (self.pad_to - len(done)))
+        real = len(done)
+        scores = padded.scores.head(real)
+        return [ScoredGroups(padded.batch, scores, done, np.arange(self.pad_to) < real)]
 
     def release(self) -> None:
         self.released += 1
@@ -86,19 +99,18 @@ def _scored(problems) -> ScoredGroups:
     return ScoredGroups(batch, scores, list(problems))
 
 
-def _collector(engine, max_rounds=3) -> Collector:
+def _collector(engine, max_prompts=12) -> Collector:
     cfg = CollectConfig(
         capacity=4,
-        round_size=4,
-        max_rounds=max_rounds,
+        max_prompts=max_prompts,
         ds=DSConfig(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
         track_history=True,
     )
     return Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)
 
 
-def _steps(engine, steps=2, max_rounds=3):
-    collector = _collector(engine, max_rounds)
+def _steps(engine, steps=2, max_prompts=12):
+    collector = _collector(engine, max_prompts)
     carry = collector.initial_carry(len(PROBLEMS))
     out = []
     for s in range(steps):
@@ -118,8 +130,8 @@ def test_static_rounds_fill_the_batch_and_carry_the_surplus():
     engine = FakeEngine(slots=4, chunk=4)
     _, ((first, carry1), (second, _)) = _steps(engine)
     m1, m2 = first.metrics, second.metrics
-    assert (m1["ds/rounds"], m1["ds/surplus_groups"], m1["ds/batch_fill"]) == (2, 1, 1.0)
-    assert (m2["ds/rounds"], m2["ds/surplus_groups"]) == (2, 2)
+    assert (m1["ds/prompts"], m1["ds/surplus_groups"], m1["ds/batch_fill"]) == (8, 1, 1.0)
+    assert (m2["ds/prompts"], m2["ds/surplus_groups"]) == (8, 2)
     assert m1["samples/generated"] == 8 * G and m1["ds/kept_frac"] == pytest.approx(5 / 8)
     order = [pid for ids in engine.admitted for pid in ids]
     kept = kept_in_order(engine)
@@ -131,17 +143,17 @@ def test_static_rounds_fill_the_batch_and_carry_the_surplus():
     assert sorted(np.flatnonzero(table).tolist()) == sorted(int(p[1:]) for p in order[:8])
 
 
-def test_a_streaming_engine_needs_no_change_to_the_collector():
-    """An engine with room for two rounds that returns two groups at a time: the collector
-    admits the second round before the first is back, and a third while groups are still
-    coming in; the batch is the static engine's (the first kept groups in admission
-    order), the engine holds nothing in flight when the step's batch is handed over, and
-    every kept group is in the batch or the surplus."""
+def test_dynamic_sampling_as_a_stream():
+    """An engine with 8 slots that returns two groups at a time: the collector admits 8
+    prompts, then 2 more each time 2 come back, and stops admitting once the batch is full
+    (12 of the 24 allowed). The batch is the static engine's (the first kept groups);
+    the groups in flight when it filled finish and all land in the surplus (nothing
+    generated is dropped); the engine holds nothing when the batch is handed over."""
     static, streaming = FakeEngine(slots=4, chunk=4), FakeEngine(slots=8, chunk=2)
-    _, ((ref, _),) = _steps(static, steps=1)
-    _, ((got, carry),) = _steps(streaming, steps=1)
-    assert streaming.in_flight_at_first_return == 8  # two rounds admitted before any return
-    assert len(streaming.admitted) == 3 and not streaming.queue
+    _, ((ref, _),) = _steps(static, steps=1, max_prompts=24)
+    _, ((got, carry),) = _steps(streaming, steps=1, max_prompts=24)
+    assert streaming.in_flight_at_first_return == 8
+    assert [len(a) for a in streaming.admitted] == [8, 2, 2] and not streaming.queue
     for x, y in zip(
         jax.tree.leaves((ref.batch, ref.valid)), jax.tree.leaves((got.batch, got.valid))
     ):
@@ -149,13 +161,31 @@ def test_a_streaming_engine_needs_no_change_to_the_collector():
     kept = kept_in_order(streaming)
     surplus = to_host(carry.surplus.items.prompt_index)[: int(carry.surplus.count)]
     assert to_host(got.batch.prompt_index).tolist() + surplus.tolist() == kept
-    assert got.metrics["ds/rounds"] == 3 and got.metrics["samples/generated"] == 12 * G
+    assert len(surplus) == 3
+    assert got.metrics["ds/prompts"] == 12 and got.metrics["samples/generated"] == 12 * G
+    assert got.metrics["ds/surplus_groups"] == 3
 
 
-def test_the_round_cap_trains_on_what_was_kept(caplog):
-    """One round allowed, 3 of its 4 prompts kept: a batch of 3, with a warning."""
-    _, ((collected, carry),) = _steps(FakeEngine(4, 4), steps=1, max_rounds=1)
+def test_padded_returns_count_only_their_real_rows():
+    """Padding rows (copies of a mixed group, `valid` False) are never kept, counted or
+    added to the history table: the batch equals the unpadded engine's."""
+    _, ((ref, ref_carry),) = _steps(FakeEngine(slots=4, chunk=4), steps=1)
+    _, ((got, carry),) = _steps(FakeEngine(slots=4, chunk=4, pad_to=6), steps=1)
+    for x, y in zip(
+        jax.tree.leaves((ref.batch, ref.valid)), jax.tree.leaves((got.batch, got.valid))
+    ):
+        np.testing.assert_array_equal(to_host(x), to_host(y))
+    assert got.metrics == ref.metrics
+    np.testing.assert_array_equal(
+        to_host(carry.history.success), to_host(ref_carry.history.success)
+    )
+    assert int(carry.surplus.count) == int(ref_carry.surplus.count) == 1
+
+
+def test_the_prompt_cap_trains_on_what_was_kept(caplog):
+    """Four prompts allowed, 3 of them kept: a batch of 3, with a warning."""
+    _, ((collected, carry),) = _steps(FakeEngine(4, 4), steps=1, max_prompts=4)
     assert to_host(collected.valid).tolist() == [True, True, True, False]
     assert collected.metrics["ds/batch_fill"] == 0.75
     assert int(carry.surplus.count) == 0
-    assert "reached ds.max_rounds=1 with 3 of 4 groups" in caplog.text
+    assert "reached ds.max_prompts=4 admitted prompts with 3 of 4 groups" in caplog.text

@@ -84,7 +84,21 @@ BAD = [
     ({"mesh.shape": (0, 1, 1)}, "config.mesh.shape=(0, 1, 1): entries must be positive"),
     # checks that existed before
     ({"rollout.group_size": 1}, "config.rollout.group_size=1 must be >= 2"),
-    ({"rollout.engine": "vllm"}, "config.rollout.engine='vllm' must be one of ['static']"),
+    (
+        {"rollout.engine": "vllm"},
+        "config.rollout.engine='vllm' must be one of ['continuous', 'static']",
+    ),
+    ({"rollout.slots": 0}, "config.rollout.slots=0 must be > 0"),
+    ({"rollout.steps_per_call": 0}, "config.rollout.steps_per_call=0 must be > 0"),
+    ({"ds.max_prompts": 0}, "config.ds.max_prompts=0 must be > 0"),
+    (
+        {"ds.max_prompts": 8, "rl.train_prompts": 16},
+        "config.ds.max_prompts=8 must be >= config.rl.train_prompts=16",
+    ),
+    (
+        {"rollout.engine": "continuous", "rollout.slots": 4},
+        "config.rollout.slots=4 must be >= 8 (one group",
+    ),
     ({"adv.estimator": "ppo"}, "config.adv.estimator='ppo' must be one of ['grpo', 'rloo']"),
     (
         {"daa.estimator": "none"},

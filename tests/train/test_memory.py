@@ -93,20 +93,17 @@ def test_sampler_keeps_one_cache_and_clear_deletes_it():
         Sampler(graphdef, model.cfg, sampler.config, max_caches=0)
 
 
-@pytest.mark.slow
-def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
-    """Rollout + update + eval on the micro config: while generating, one cache is held
-    and it is the planner's `kv_cache`; when the update starts, and after evaluation,
-    the live bytes are the planner's resident part (params, optimizer, reference, batch
-    and surplus buffers; all exact) and no array has a KV cache's shape."""
+def _micro_trainer(tmp_path, engine: str):
+    """The micro config's trainer on one device, for `engine`, and its memory plan."""
     c = micro_config(
-        "da3po", **{"loss.kl_coef": 0.05, "train.eval_every": 0, "train.checkpoint_every": 0}
+        "da3po",
+        **{"loss.kl_coef": 0.05, "train.eval_every": 0, "train.checkpoint_every": 0},
+        **({"rollout.engine": "continuous", "rollout.slots": 8} if engine == "continuous" else {}),
     )
     c.mesh.shape = (1, 1, 1)
     cfg = config_lib.resolve_config(c)
     workdir = str(tmp_path / "run")
     os.makedirs(workdir)
-    live = LiveBytes()
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     tokenizer = tokenizer_for(cfg, workdir)
     data = load_datasets(cfg)
@@ -115,45 +112,63 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
     ctx = RunContext(cfg, workdir, tokenizer, encoder, data, HashScorer(), mesh)
     trainer = build_trainer(ctx, model)
     del model  # its buffers are the policy's (the first update donates them)
-
     c.tokenizer.vocab_size = tokenizer.vocab_size  # the model's real vocabulary
     plan = plan_memory(c, num_devices=1, prompt_len=trainer.collector.engine.prompt_len)
     resident = plan.params + plan.optimizer + plan.reference + plan.teacher + plan.batch
     assert plan.reference == plan.params > 0 and plan.gathered == 0
     assert plan.params == _nbytes(trainer.state.params)
     assert plan.optimizer == _nbytes(trainer.state.opt_state)
+    return trainer, plan, resident
 
-    sampler = trainer.collector.engine.sampler
+
+@pytest.mark.slow
+def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
+    """Rollout + update + eval on the micro config (static engines): while generating, one
+    cache is held, by the rollout or the eval engine, and it is the planner's `kv_cache`;
+    when the update starts, and after evaluation, the live bytes are the planner's
+    resident part (params, optimizer, reference, batch and surplus buffers; all exact) and
+    no array has a KV cache's shape."""
+    live = LiveBytes()
+    trainer, plan, resident = _micro_trainer(tmp_path, "static")
+    samplers = [trainer.collector.engine.sampler, trainer._evaluate.engine.sampler]
     cache_shapes: set[tuple[int, ...]] = set()
     held: list[tuple[int, int]] = []  # (caches held, their bytes) after each generate call
-    generate = sampler.generate
 
-    def recording_generate(*args, **kwargs):
-        out = generate(*args, **kwargs)
-        for cache in sampler._caches.values():
-            cache_shapes.update(x.shape for x in cache.k + cache.v)
-        held.append((len(sampler._caches), sampler.cache_nbytes))
-        return out
+    def held_now():
+        return sum(len(s._caches) for s in samplers), sum(s.cache_nbytes for s in samplers)
 
-    sampler.generate = recording_generate
+    def recording(sampler):
+        generate = sampler.generate
+
+        def recording_generate(*args, **kwargs):
+            out = generate(*args, **kwargs)
+            for cache in sampler._caches.values():
+                cache_shapes.update(x.shape for x in cache.k + cache.v)
+            held.append(held_now())
+            return out
+
+        return recording_generate
+
+    for sampler in samplers:
+        sampler.generate = recording(sampler)
     at_update: dict[str, object] = {}
     update = trainer.update.fn
 
     def measuring_update(*args, **kwargs):
         at_update["bytes"] = live()
         at_update["shapes"] = {x.shape for x in live.arrays()}
-        at_update["held"] = sampler.cache_nbytes
+        at_update["held"] = held_now()[1]
         at_update["batch"] = sum(_nbytes(a) for a in args if isinstance(a, GroupBatch))
         return update(*args, **kwargs)
 
     trainer.update.fn = measuring_update
 
     def no_cache_alive() -> bool:
-        return not cache_shapes & {x.shape for x in live.arrays()}
+        return not cache_shapes & {x.shape for x in live.arrays()} and held_now() == (0, 0)
 
     try:
         trainer.evaluate()  # as `run` does at step 0
-        assert no_cache_alive() and sampler.cache_nbytes == 0
+        assert no_cache_alive()
         trainer.step()
         assert at_update, "the update did not run"
         assert at_update["held"] == 0 and not cache_shapes & at_update["shapes"]
@@ -162,7 +177,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
         surplus = _nbytes(trainer.carry.surplus)
         assert plan.batch == pytest.approx(at_update["batch"] + surplus, rel=0.01)
         trainer.evaluate()
-        assert no_cache_alive() and sampler.cache_nbytes == 0
+        assert no_cache_alive()
         assert live() == pytest.approx(resident, rel=0.1)
     finally:
         trainer.close()
@@ -174,5 +189,45 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
     print(
         f"live at update {at_update['bytes']} B, planner resident {resident} B "
         f"(params {plan.params}, optimizer {plan.optimizer}, reference {plan.reference}, "
-        f"batch {plan.batch}), kv_cache {plan.kv_cache} B"
+        f"batch {plan.batch}); kv cache {plan.kv_cache} B"
     )
+
+
+@pytest.mark.slow
+def test_continuous_engine_frees_its_slots_before_the_update(tmp_path):
+    """The continuous engine: while it decodes, its slots are the planner's `kv_cache`
+    (plus the small per-slot state); at the update and after evaluation no slot is alive
+    and the live bytes are the planner's resident part."""
+    live = LiveBytes()
+    trainer, plan, resident = _micro_trainer(tmp_path, "continuous")
+    decoders = [trainer.collector.engine.decoder, trainer._evaluate.engine.decoder]
+    held: list[int] = []
+    for decoder in decoders:
+        step = decoder.step
+
+        def recording_step(params, step=step, decoder=decoder):
+            out = step(params)
+            held.append(decoder._slots.cache.k[0].nbytes * 2 * len(decoder._slots.cache.k))
+            assert sum(d.nbytes > 0 for d in decoders) == 1  # one engine's slots at a time
+            return out
+
+        decoder.step = recording_step
+    at_update = {}
+    update = trainer.update.fn
+
+    def measuring_update(*args, **kwargs):
+        at_update["bytes"], at_update["slots"] = live(), sum(d.nbytes for d in decoders)
+        return update(*args, **kwargs)
+
+    trainer.update.fn = measuring_update
+    try:
+        trainer.evaluate()
+        assert sum(d.nbytes for d in decoders) == 0
+        trainer.step()
+        assert at_update["slots"] == 0
+        assert at_update["bytes"] == pytest.approx(resident, rel=0.1)
+        trainer.evaluate()
+        assert live() == pytest.approx(resident, rel=0.1)
+    finally:
+        trainer.close()
+    assert held and max(held) == plan.kv_cache

@@ -38,7 +38,7 @@ def micro_config(algo: str = "da3po", **overrides):
     c.rollout.prompts_per_round, c.rollout.group_size = 4, 4
     c.rollout.max_new_tokens = 8
     c.rl.train_prompts, c.rl.mini_batch_prompts = 4, 2
-    c.ds.max_rounds = 3
+    c.ds.max_prompts = 12  # 3 rounds of 4
     c.train.steps, c.train.eval_every, c.train.checkpoint_every = 2, 2, 1
     c.eval.num_samples, c.eval.max_prompts, c.eval.prompts_per_call = 2, 8, 8
     c.sft.enable = False
@@ -107,9 +107,9 @@ def test_two_step_smoke(tmp_path, hash_scorer, algo):
         assert np.isfinite(r["loss/total"]) and r["loss/num_tokens"] > 0
         assert 0.0 < r["reward/acc"] < 1.0
         if algo == "grpo":
-            assert r["ds/rounds"] == 1 and "daa/lambda_mean" not in r
+            assert r["ds/prompts"] == 4 and "daa/lambda_mean" not in r
         else:
-            assert 1 <= r["ds/rounds"] <= 3
+            assert r["ds/prompts"] in (4, 8, 12)
         if algo == "da3po":
             assert r["daa/lambda_mean"] >= 1.0
             assert r["loss/kl_ref"] >= 0.0  # the reference forward ran
@@ -298,16 +298,16 @@ def test_dynamic_sampling_refill_surplus_and_round_cap(tmp_path, monkeypatch, ca
     ]  # step 2: surplus + 0 + 0 + 1 -> cap
     monkeypatch.setattr(run_lib, "RewardScorer", ScriptedScorer)
     workdir = str(tmp_path / "ds")
-    cfg = micro_config("dapo", **{"train.eval_every": 0, "ds.max_rounds": 3})
+    cfg = micro_config("dapo", **{"train.eval_every": 0, "ds.max_prompts": 12})
     with caplog.at_level(logging.WARNING, logger="da3po_jax"):
         train(cfg, workdir)
     step1, step2 = [r for r in read_rows(workdir) if r["kind"] == "train"]
-    assert (step1["ds/rounds"], step1["ds/batch_fill"], step1["ds/surplus_groups"]) == (2, 1.0, 1)
+    assert (step1["ds/prompts"], step1["ds/batch_fill"], step1["ds/surplus_groups"]) == (8, 1.0, 1)
     assert step1["ds/kept_frac"] == pytest.approx(5 / 8)
     assert step1["ds/all_wrong_frac"] == pytest.approx(2 / 8)
-    assert (step2["ds/rounds"], step2["ds/batch_fill"], step2["ds/surplus_groups"]) == (3, 0.5, 0)
+    assert (step2["ds/prompts"], step2["ds/batch_fill"], step2["ds/surplus_groups"]) == (12, 0.5, 0)
     assert step2["ds/all_correct_frac"] == pytest.approx(4 / 12)
-    assert "reached ds.max_rounds=3 with 2 of 4 groups" in caplog.text
+    assert "reached ds.max_prompts=12 admitted prompts with 2 of 4 groups" in caplog.text
     assert step2["reward/acc"] == pytest.approx((0 + 16 + 1) / 48)
     # Step 2 trains on the carried surplus group and the new mixed one: no zero-variance
     # group among the non-empty slots.

@@ -91,7 +91,7 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
     train(cfg, workdir)
     rows = [r for r in read_rows(workdir) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["ds/rounds"] for r in rows] == [1, 0, 1]
+    assert [r["ds/prompts"] for r in rows] == [8, 0, 8]
     assert [r["ds/batch_fill"] for r in rows] == [1.0, 1.0, 1.0]
     assert [r["ds/surplus_groups"] for r in rows] == [4, 0, 4]
     assert "reward/mean" not in rows[1] and rows[1]["samples/generated"] == 0
