@@ -86,7 +86,7 @@ TINY = _o(
     rollout__max_new_tokens=16,
     rl__train_prompts=4,
     rl__mini_batch_prompts=2,
-    ds__max_rounds=1,
+    ds__max_prompts=4,
     eval__num_samples=2,
     eval__max_prompts=4,
     eval__prompts_per_call=4,
@@ -104,7 +104,7 @@ REAL = ONE_STEP + _o(
     rl__train_prompts=2,
     rl__mini_batch_prompts=1,
     rl__micro_batch_prompts=1,
-    ds__max_rounds=1,
+    ds__max_prompts=2,
     eval__num_samples=2,
     eval__max_prompts=2,
     eval__prompts_per_call=2,
@@ -219,6 +219,20 @@ COMMANDS: dict[str, Run] = {
         ("--preset=tiny-qwen2", "--steps=2", "--prompts=2", "--group-size=2")
         + ("--max-new-tokens=4", "--mini-batch=1"),
         expect='"benchmark": "rl_step"',
+    ),
+    "python benchmarks/rl_step.py --engines=static,continuous": Run(
+        "bench_rl_step_engines",
+        "bench_rl_step_engines",
+        ("--steps=2", "--prompts=2", "--group-size=2", "--max-new-tokens=4", "--mini-batch=1")
+        + ("--slots=4", "--steps-per-call=2"),
+        expect='"rollout_speedup"',
+    ),
+    "python benchmarks/rollout.py --workload=geometric --mean=150 --max_new=1024 --slots=64": Run(
+        "bench_rollout",
+        "bench_rollout",
+        ("--max_new=16", "--slots=4", "--prompts=4", "--group=2", "--prompt_len=8")
+        + ("--mean=6", "--block=8", "--steps_per_call=4"),
+        expect='"speedup"',
     ),
     # --- sampling from the quick start's exported model
     'python -m da3po_jax.sample --model=/tmp/da3po_run/final_model --prompt="What is 47 + 8?" '

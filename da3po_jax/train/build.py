@@ -132,7 +132,13 @@ def continuous_engine(ctx: RunContext, graphdef, model_cfg, gen, **spec) -> Cont
     )
     decoder = SlotDecoder(graphdef, model_cfg, gen, slots, ctx.mesh)
     return ContinuousEngine(
-        decoder, ctx.encoder, ctx.scorer, spec["prompt_len"], spec["index_of"], ctx.mesh
+        decoder,
+        ctx.encoder,
+        ctx.scorer,
+        spec["prompt_len"],
+        spec["index_of"],
+        ctx.mesh,
+        max_in_flight=config_lib.surplus_capacity(ctx.cfg),
     )
 
 

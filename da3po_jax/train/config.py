@@ -180,6 +180,14 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def surplus_capacity(cfg) -> int:
+    """Groups the dynamic-sampling surplus holds: the rollout engine's `max_in_flight`
+    (one static round; 4 x slots / G prompts for the continuous engine)."""
+    if cfg.rollout.engine == "continuous":
+        return 4 * max(1, cfg.rollout.slots // cfg.rollout.group_size)
+    return cfg.rollout.prompts_per_round if cfg.ds.enable else cfg.rl.train_prompts
+
+
 def _engine_check(name) -> str | None:
     from da3po_jax.train.build import ENGINES  # the registry lives with the factory
 

@@ -43,6 +43,8 @@ def fingerprint(cfg) -> dict[str, Any]:
         "rl.train_prompts": cfg.rl.train_prompts,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
         "teacher": teacher,
+        # the carried surplus buffer's size (rollout.engine, prompts_per_round or slots)
+        "surplus_groups": config_lib.surplus_capacity(cfg),
     }
 
 

@@ -191,6 +191,11 @@ def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
     with pytest.raises(CheckpointError, match="rollout.group_size: checkpoint 4 vs now 8"):
         train(micro_config("dapo", **{"rollout.group_size": 8, "train.eval_every": 0}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+    # another engine carries a surplus of another size (4 prompts per round vs 4 x 8 / 4)
+    other = {"rollout.engine": "continuous", "rollout.slots": 8, "train.eval_every": 0}
+    with pytest.raises(CheckpointError, match="surplus_groups: checkpoint 4 vs now 8"):
+        train(micro_config("dapo", **other), workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
 
     # A damaged checkpoint: a clear error, and the files stay as they were.
     state_dir = os.path.join(workdir, "checkpoints", "1", "state")
