@@ -128,7 +128,9 @@ COMMANDS: dict[str, Run] = {
     # --- quick start
     "pip install -e . && python -m da3po_jax.main --config=configs/tiny_math.py "
     "--workdir=/tmp/da3po_run": Run("quickstart", "quickstart", TINY + TWO_STEPS),
-    'pip install -e ".[test]" && python -m pytest': Run("tests", None, slow=False),
+    'pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile': Run(
+        "tests", None, slow=False
+    ),
     # --- a real model
     "python -m da3po_jax.main --config=configs/qwen_math.py "
     "--config.model.path=/data/Qwen2.5-Math-7B "
