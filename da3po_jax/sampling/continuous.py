@@ -41,6 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.models.transformer import KVCache, SlotCache
 from da3po_jax.parallel import BATCH_AXES
+from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.sampling.distribution import draw
 from da3po_jax.sampling.sampler import GenerateConfig, sample_keys, token_keys
 
@@ -286,8 +287,9 @@ class FinishedGroup:
 
 @dataclasses.dataclass
 class _Group:
+    """A prompt's G rows as they finish (`left` still running)."""
+
     tag: object
-    slots: list[int]
     tokens: np.ndarray
     logp: np.ndarray
     sample_logp: np.ndarray
@@ -320,8 +322,6 @@ class SlotDecoder:
     ):
         sc = slot_config.resolved(gen.num_samples)
         if mesh is not None:
-            from da3po_jax.parallel.mesh import batch_size_divisor
-
             if sc.slots % batch_size_divisor(mesh):
                 raise ValueError(
                     f"slots={sc.slots} must be a multiple of the mesh's batch devices "
@@ -410,7 +410,6 @@ class SlotDecoder:
             z = lambda dt: np.zeros((g, n), dt)  # noqa: E731
             group = _Group(
                 tag,
-                rows,
                 z(np.int32),
                 z(np.float32),
                 z(np.float32),
