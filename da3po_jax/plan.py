@@ -267,7 +267,7 @@ def plan_memory(
     Raises:
       ValueError: naming `config.mesh.shape` for a bad mesh, or an unknown device.
     """
-    from da3po_jax.train.config import algorithm_preset
+    from da3po_jax.train.config import algorithm_preset, surplus_capacity
     from da3po_jax.train.state import make_optimizer
 
     try:
@@ -353,7 +353,7 @@ def plan_memory(
     if continuous:
         roll_kv, roll_work, roll_slots = slot_bytes(g, tn)
         ev_kv, ev_work, ev_slots = slot_bytes(eval_g, eval_tn)
-        in_flight = 4 * max(1, int(cfg.rollout.slots) // g)  # `ContinuousEngine.max_in_flight`
+        in_flight = surplus_capacity(cfg)  # `ContinuousEngine.max_in_flight`
     else:
         roll_kv, roll_work, roll_slots = cache_bytes(round_prompts, g, tn)
         ev_kv, ev_work, ev_slots = cache_bytes(eval_prompts, eval_g, eval_tn)

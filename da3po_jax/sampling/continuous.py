@@ -271,6 +271,7 @@ class FinishedGroup:
       tag: what the caller submitted the prompt with.
       tokens, logp, sample_logp, mask: as `SampleOutput`'s rows.
       lengths: [G] response lengths; truncated: [G] no stop id within N tokens.
+      left: rows still running (0 once the group is handed back).
     """
 
     tag: object
@@ -279,23 +280,11 @@ class FinishedGroup:
     sample_logp: np.ndarray
     lengths: np.ndarray
     truncated: np.ndarray
+    left: int = 0
 
     @property
     def mask(self) -> np.ndarray:
         return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
-
-
-@dataclasses.dataclass
-class _Group:
-    """A prompt's G rows as they finish (`left` still running)."""
-
-    tag: object
-    tokens: np.ndarray
-    logp: np.ndarray
-    sample_logp: np.ndarray
-    lengths: np.ndarray
-    truncated: np.ndarray
-    left: int
 
 
 class SlotDecoder:
@@ -331,7 +320,7 @@ class SlotDecoder:
         self._slots: Slots | None = None
         self._queue: collections.deque = collections.deque()
         self._free = list(range(sc.slots))
-        self._owner: dict[int, tuple[_Group, int]] = {}  # slot -> (group, sample index)
+        self._owner: dict[int, tuple[FinishedGroup, int]] = {}  # slot -> (group, sample index)
         self.decode_steps = self.slot_steps = self.decode_tokens = 0
 
     # ----------------------------------------------------------------- queries
@@ -408,7 +397,7 @@ class SlotDecoder:
             rows = [self._free.pop(0) for _ in range(g)]
             slot_ids[a] = rows
             z = lambda dt: np.zeros((g, n), dt)  # noqa: E731
-            group = _Group(
+            group = FinishedGroup(
                 tag,
                 z(np.int32),
                 z(np.float32),
@@ -446,16 +435,7 @@ class SlotDecoder:
                 self.decode_tokens += int(step[s]) - 1
                 group.left -= 1
                 if not group.left:
-                    finished.append(
-                        FinishedGroup(
-                            group.tag,
-                            group.tokens,
-                            group.logp,
-                            group.sample_logp,
-                            group.lengths,
-                            group.truncated,
-                        )
-                    )
+                    finished.append(group)
         return finished
 
 

@@ -77,11 +77,6 @@ def rl_step_config(cfg) -> RLStepConfig:
     )
 
 
-def round_size(cfg) -> int:
-    """Prompts per static-engine round: one full batch without dynamic sampling."""
-    return cfg.rollout.prompts_per_round if cfg.ds.enable else cfg.rl.train_prompts
-
-
 def collect_config(cfg, step_cfg: RLStepConfig) -> CollectConfig:
     """The collect stage's settings; the DAA rule decides what the carry tracks."""
     capacity, daa = cfg.rl.train_prompts, step_cfg.daa
@@ -195,7 +190,9 @@ def build_trainer(
     )
     gen, eval_gen = generate_configs(cfg, ctx.tokenizer)
     index_of = {p.id: i for i, p in enumerate(ctx.data.train)}
-    engine = make_engine(ctx, graphdef, model.cfg, gen, ctx.data.train, round_size(cfg), index_of)
+    engine = make_engine(
+        ctx, graphdef, model.cfg, gen, ctx.data.train, config_lib.round_size(cfg), index_of
+    )
     # every host walks the same global stream; each feeds its rows of every batch
     iterator = PromptIterator(ctx.data.train, seed=cfg.seed)
     collector = Collector(engine, iterator, collect_config(cfg, step_cfg), mesh)

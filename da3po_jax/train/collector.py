@@ -197,14 +197,16 @@ class Collector:
                 continue
             if not engine.in_flight():
                 break
-            for groups in engine.finished():
+            done = engine.finished()
+            for groups in done:
                 items = groups.batch.replace(history=self._history_of(carry, groups.batch))
                 valid = jnp.asarray(groups.valid)
                 # padding rows are no prompt's outcome (-1: not in the history table)
                 generated.append((jnp.where(valid, items.prompt_index, -1), items.correct))
                 pending, dropped, keep, mu = self.round_update(pending, items, valid, cfg.ds)
                 stats.add(groups, to_host(keep), to_host(mu), dropped.count)
-            count = int(pending.count)
+            if done:  # one sync per return, none while the engine only decoded
+                count = int(pending.count)
         batch, surplus = self._take(pending, cfg.capacity)
         self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()

@@ -180,12 +180,18 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def round_size(cfg) -> int:
+    """Prompts per static-engine round: one full batch without dynamic sampling."""
+    return cfg.rollout.prompts_per_round if cfg.ds.enable else cfg.rl.train_prompts
+
+
 def surplus_capacity(cfg) -> int:
     """Groups the dynamic-sampling surplus holds: the rollout engine's `max_in_flight`
-    (one static round; 4 x slots / G prompts for the continuous engine)."""
+    (one static round; 4 x slots / G prompts for the continuous engine, whose group's
+    slots free up row by row, so more groups than S / G are in flight when slots are full)."""
     if cfg.rollout.engine == "continuous":
         return 4 * max(1, cfg.rollout.slots // cfg.rollout.group_size)
-    return cfg.rollout.prompts_per_round if cfg.ds.enable else cfg.rl.train_prompts
+    return round_size(cfg)
 
 
 def _engine_check(name) -> str | None:

@@ -188,8 +188,7 @@ class ContinuousEngine:
       prompt_len: the prompt length of the returned batches (training groups).
       index_of: dataset index of a problem id (-1 for others; the history estimator).
       mesh: returned batches are split over its batch axes. None: one device.
-      max_in_flight: prompts held at once at most (default 4 x S / G: a group's slots free
-        up row by row, so more groups than S / G are in flight when slots are full).
+      max_in_flight: prompts held at once at most (`config.surplus_capacity`).
     """
 
     def __init__(
@@ -201,7 +200,7 @@ class ContinuousEngine:
         index_of: dict[str, int],
         mesh: Mesh | None = None,
         *,
-        max_in_flight: int = 0,
+        max_in_flight: int,
     ):
         if jax.process_count() > 1:
             raise ValueError(
@@ -213,7 +212,7 @@ class ContinuousEngine:
         g, s = decoder.group_size, decoder.sc.slots
         self.group_size, self.prompt_len = g, prompt_len
         self.max_new_tokens = decoder.gen.max_new_tokens
-        self.max_in_flight = max_in_flight or 4 * max(1, s // g)
+        self.max_in_flight = max_in_flight
         self.return_size = max(1, s // g)
         self._params = None
         self._in_flight = 0
