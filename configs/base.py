@@ -24,6 +24,10 @@ def get_config() -> config_dict.ConfigDict:
     c.model.dtype = "float32"
     c.model.logits_chunk = 512
     c.model.remat = False
+    c.model.attention = (
+        "auto"  # auto | naive | blockwise | cudnn | splash (training forward, prefill)
+    )
+    c.model.attention_block = 512  # query/key block of the blockwise kernels
     c.model.init_checkpoint = ""  # HF folder to start RL from (e.g. an SFT export)
 
     c.tokenizer = config_dict.ConfigDict()
@@ -68,7 +72,13 @@ def get_config() -> config_dict.ConfigDict:
     c.rl = config_dict.ConfigDict()
     c.rl.train_prompts = 16  # groups per optimizer step batch
     c.rl.mini_batch_prompts = 8  # groups per optimizer update
-    c.rl.micro_batch_prompts = 0  # 0 = whole mini-batch in one pass
+    c.rl.micro_batch_prompts = 0  # 0 = whole mini-batch in one pass (rl.packing off)
+    # Packing: the update's forwards run on micro-batches of pack_rows rows of pack_length
+    # tokens, each row holding several (prompt, response) sequences, so the cost follows the
+    # real tokens, not prompt bucket + max_new_tokens per response (docs/design.md).
+    c.rl.packing = True
+    c.rl.pack_length = 0  # tokens per packed row; 0 = prompt bucket + max_new_tokens
+    c.rl.pack_rows = 8  # packed rows per micro-batch (a multiple of the data-parallel devices)
     c.rl.num_iterations = 1
 
     c.adv = config_dict.ConfigDict()

@@ -43,7 +43,7 @@ def get_config():
     c.rollout.temperature = 1.0
     c.rl.train_prompts = 512
     c.rl.mini_batch_prompts = 32
-    c.rl.micro_batch_prompts = 2
+    c.rl.pack_rows = 8  # one packed row of 2048 + 20480 tokens per device on 8 devices
     c.ds.max_prompts = 5120  # 10 rounds of 512
     c.overlong.buffer = 4096
     c.overlong.penalty = 1.0
@@ -70,7 +70,8 @@ def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_p
     """The changes shared by the planner-sized recipes (`qwen_math_{7b,1p5b}_*.py`): float32
     master weights with bf16 compute and remat, prompts up to 1024 and responses up to 3072
     tokens (the Qwen2.5-Math context is 4096), 128 prompts per step in mini-batches of 32 and
-    micro-batches of one prompt, and the given mesh, rollout round and eval call sizes."""
+    packed micro-batches of 16 rows of 4096 tokens (the padded size of one prompt's 16
+    responses), and the given mesh, rollout round and eval call sizes."""
     c.model.path = path  # placeholder: a HF folder
     c.model.preset = preset  # shapes for the planner before the download
     c.model.param_dtype = "float32"
@@ -83,7 +84,7 @@ def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_p
     c.ds.max_prompts = 10 * prompts_per_round
     c.rl.train_prompts = 128
     c.rl.mini_batch_prompts = 32
-    c.rl.micro_batch_prompts = 1
+    c.rl.pack_rows = 16  # rows of 1024 + 3072 tokens, as many as one prompt's 16 responses
     c.eval.prompts_per_call = eval_prompts
     c.mesh.shape = mesh
     return c

@@ -30,16 +30,22 @@ What is counted (per device, bytes):
   eval alike: `rollout.slots` rows (split over data x fsdp) x (prompt_len + max_new_tokens
   - 1, rounded up to `rollout.attention_block`) slots.
 * rollout_work (estimate): the prefill's own small cache, the larger of the prefill
-  attention block [P, heads, Tp, Tp] (f32 scores + probs) and one decode step (f32
-  logits x 3 + scores), and the loop's token / log-prob buffers.
-* activations (estimate) of one train micro-batch of b rows per device and T = prompt_len
-  + max_new_tokens: with `model.remat` each layer saves only its input (k = 1 x b*T*H
-  compute-dtype bytes per layer) and one layer is recomputed at a time (2 x the no-remat
-  layer below, for the layer's activations and their gradients); without remat each layer
-  saves k = 8 + 4 * intermediate/hidden units of b*T*H (norms, q, attention output,
-  residuals and the four SwiGLU tensors) plus the attention probs and scores b*heads*T*T
-  (compute dtype + f32). Plus the chunked logits block b*logits_chunk*vocab*4*3 (logits,
-  probs, their product) and the final hidden states in f32.
+  attention work (as for activations below, over P prompts of Tp tokens) and one decode
+  step (f32 logits x 3 + scores), and the loop's token / log-prob buffers.
+* activations (estimate) of one train micro-batch of b rows per device of T tokens: with
+  `rl.packing`, b = `rl.pack_rows` / (data x fsdp) rows of T = `rl.pack_length` (0:
+  prompt_len + max_new_tokens), else `rl.micro_batch_prompts` x group_size rows of T =
+  prompt_len + max_new_tokens. With `model.remat` each layer saves only its input (k = 1
+  x b*T*H compute-dtype bytes per layer) and one layer is recomputed at a time (2 x the
+  no-remat layer below, for the layer's activations and their gradients); without remat
+  each layer saves k = 8 + 4 * intermediate/hidden units of b*T*H (norms, q, attention
+  output, residuals and the four SwiGLU tensors) plus the attention work: for
+  `model.attention = naive` the probs and scores b*heads*T*T (compute dtype + f32), for
+  the blockwise kernels (every other choice) two blocks of them and three f32 statistics
+  per query, O(T). Plus the chunked logits block b*logits_chunk*vocab*4*3 (logits, probs,
+  their product), the final hidden states in f32 and, packed, 12 f32 values per
+  mini-batch row and column (the scatter indices, the log-probs read back, the loss terms
+  and their gradients).
 * gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
   time in the compute dtype; 2x for prefetching.
 * batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
@@ -325,6 +331,18 @@ def plan_memory(
     heads_dev = _div(mc.num_heads, t)
     kv_dev = _div(mc.num_kv_heads, t)
 
+    naive = cfg.model.get("attention", "auto") == "naive"
+    att_block = int(cfg.model.get("attention_block", 512))
+
+    def attention_bytes(rows: int, seq: int) -> int:
+        """Attention work of `rows` sequences of `seq` tokens: the naive path's f32 scores
+        and probs [rows, heads, seq, seq]; a blockwise kernel's one block of them (x2 for
+        the backward's dS, dP) and its per-query statistics."""
+        if naive:
+            return rows * heads_dev * seq * seq * (4 + cbytes)
+        block = min(att_block, seq)
+        return rows * heads_dev * (2 * block * block * (4 + cbytes) + seq * 4 * 3)
+
     # --- rollout phase: KV cache (rollout or eval, the larger) and sampler work buffers
     def cache_bytes(prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
         rows_dev = _div(prompts, batch_devs) * samples
@@ -332,7 +350,7 @@ def plan_memory(
         kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes + rows_dev * slots
         p_dev = _div(prompts, batch_devs)
         small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
-        prefill_attn = p_dev * heads_dev * tp * tp * (4 + cbytes)
+        prefill_attn = attention_bytes(p_dev, tp)
         decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * slots * (4 + cbytes)
         loop = rows_dev * new_tokens * 12
         return kv, small + max(prefill_attn, decode) + loop, slots
@@ -345,7 +363,7 @@ def plan_memory(
         kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes
         p_dev = max(1, int(cfg.rollout.slots) // samples)  # one admission's prompts
         small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
-        prefill_attn = p_dev * heads_dev * tp * tp * (4 + cbytes)
+        prefill_attn = attention_bytes(p_dev, tp)
         decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * block * (4 + cbytes) * 2
         return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
 
@@ -360,18 +378,25 @@ def plan_memory(
         in_flight = round_prompts
     kv_cache, rollout_work = (roll_kv, roll_work) if roll_kv >= ev_kv else (ev_kv, ev_work)
 
-    # --- train phase: activations of one micro-batch
-    micro_rows = int(cfg.rl.micro_batch_prompts or cfg.rl.mini_batch_prompts) * g
+    # --- train phase: activations of one micro-batch (packed: pack_rows x pack_length)
+    packing = bool(cfg.rl.get("packing", False))
+    mb_rows = int(cfg.rl.mini_batch_prompts) * g
+    if packing:
+        micro_rows, seq = int(cfg.rl.pack_rows), int(cfg.rl.pack_length or tp + tn)
+    else:
+        micro_rows, seq = int(cfg.rl.micro_batch_prompts or cfg.rl.mini_batch_prompts) * g, tp + tn
     b = _div(micro_rows, batch_devs)
-    seq = tp + tn
     k_noremat = 8 + 4 * mc.intermediate_size / h
-    layer_full = b * seq * h * cbytes * k_noremat + b * heads_dev * seq * seq * (4 + cbytes)
+    layer_full = b * seq * h * cbytes * k_noremat + attention_bytes(b, seq)
     if mc.remat:
         saved = L * b * seq * h * cbytes + 2 * layer_full
     else:
         saved = L * layer_full + layer_full
     logits_block = b * min(mc.logits_chunk, seq) * V * 4 * 3
-    activations = int(saved + logits_block + 2 * b * seq * h * 4)
+    # packed: the mini-batch's [rows, Tp + Tn] scatter indices and the [rows, Tn] f32
+    # log-probs, entropies, loss terms and their gradients the loss reads back
+    pack_work = 12 * _div(mb_rows, batch_devs) * (tp + tn) * 4 if packing else 0
+    activations = int(saved + logits_block + 2 * b * seq * h * 4 + pack_work)
 
     # --- batch buffers (the step's batch and the dynamic-sampling surplus) and all-gathers
     batch = group_buffer_nbytes(g, tp, tn, int(cfg.rl.train_prompts), batch_devs)
@@ -399,6 +424,8 @@ def plan_memory(
         "rollout_slots": roll_slots,
         "eval_rows": int(cfg.rollout.slots) if continuous else eval_prompts * eval_g,
         "eval_slots": ev_slots,
+        "attention": "naive" if naive else "blockwise (O(T))",
+        "packing": packing,
         "micro_rows": micro_rows,
         "micro_rows_per_device": b,
         "seq_len": seq,

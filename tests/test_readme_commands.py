@@ -103,7 +103,6 @@ REAL = ONE_STEP + _o(
     overlong__buffer=2,
     rl__train_prompts=2,
     rl__mini_batch_prompts=1,
-    rl__micro_batch_prompts=1,
     ds__max_prompts=2,
     eval__num_samples=2,
     eval__max_prompts=2,

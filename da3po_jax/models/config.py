@@ -21,6 +21,9 @@ SUPPORTED_MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
 }
 
+# Self-attention implementations (models/attention.py; "auto" picks one by backend).
+ATTENTION_CHOICES = ("auto", "naive", "blockwise", "cudnn", "splash")
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -49,6 +52,9 @@ class ModelConfig:
       logits_chunk: sequence chunk for log-prob computation so that at most a
         [batch, chunk, vocab] float32 logits tensor exists at a time.
       remat: rematerialise each decoder layer in the backward pass (saves activations).
+      attention: self-attention implementation of the training forward and the prefill
+        ("auto", "naive", "blockwise", "cudnn", "splash"; models/attention.py).
+      attention_block: query/key block of the blockwise kernels.
     """
 
     model_type: str
@@ -73,6 +79,8 @@ class ModelConfig:
     dtype: str = "float32"
     logits_chunk: int = 512
     remat: bool = False
+    attention: str = "auto"
+    attention_block: int = 512
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -89,6 +97,12 @@ class ModelConfig:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(
+                f"attention={self.attention!r}; expected one of {list(ATTENTION_CHOICES)}"
+            )
+        if self.attention_block < 1:
+            raise ValueError(f"attention_block={self.attention_block} must be >= 1")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from da3po_jax.models.attention import attention
 from da3po_jax.models.config import ModelConfig
 
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -192,38 +193,40 @@ class Attention(nnx.Module):
             out = out + self.o_bias[...].astype(cfg.jnp_dtype)
         return out
 
-    def __call__(self, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache):
+    def __call__(self, x, positions, inv_freq, segment_ids, cached):
         """Attention for one layer.
 
         Args:
           x: [B, T, hidden] inputs.
           positions: [B, T] RoPE positions.
           inv_freq: [head_dim // 2].
-          q_slots: [T] slot of each query; k_slots: [S] slot of each key.
-          key_mask: [B, S] bool, keys that hold real tokens.
-          layer_cache: None, or (k, v) [B, S, kv_heads, D] to write this step's keys into
-            at `q_slots[0]`.
+          segment_ids: [B, T] int32 sequence id of each slot, 0 on padding: a query sees
+            the keys at or before its slot with its own (non-zero) id. One left-padded
+            sequence per row has ids = mask; a packed row has 1, 2, ... (see
+            models/attention.py).
+          cached: None (no cache), or `(k, v, q_slots, k_slots, key_mask)` of a KV cache:
+            this step's keys are written into k, v [B, S, kv_heads, D] at `q_slots[0]`
+            and the queries attend over the cache's `key_mask` [B, S] keys in slots
+            `k_slots` [S] at or before theirs. A cache exactly T long (a prefill) is
+            filled from slot 0 and attends like the cache-less call.
 
         Returns:
           ([B, T, hidden] output, updated (k, v) or None).
         """
         cfg = self.cfg
         q, k, v = self._qkv(x, positions, inv_freq)
-        if layer_cache is not None:
-            start = (0, q_slots[0], 0, 0)
-            k = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(layer_cache[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(layer_cache[1].dtype), start)
-            layer_cache = (k, v)
         b, t = x.shape[:2]
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(cfg.head_dim)
-        allowed = (k_slots[None, :] <= q_slots[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
-        scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, -1)
-        return self._output(out), layer_cache
+        if cached is not None and cached[0].shape[1] > t:  # decode into a longer cache
+            out, layer_cache = _cached_attention(q, k, v, *cached)
+        else:
+            block = cfg.attention_block
+            out = attention(q, k, v, segment_ids, impl=cfg.attention, block_q=block, block_k=block)
+            layer_cache = None
+            if cached is not None:  # a prefill fills the whole cache
+                layer_cache = (k.astype(cached[0].dtype), v.astype(cached[1].dtype))
+        return self._output(out.reshape(b, t, cfg.num_heads, -1)), layer_cache
 
     def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
         """One decode step of S independent slots (the continuous engine's layout).
@@ -251,6 +254,22 @@ class Attention(nnx.Module):
         out = decode_attention(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
         out = out.reshape(x.shape[0], 1, cfg.num_heads, cfg.head_dim).astype(x.dtype)
         return self._output(out), (kc, vc)
+
+
+def _cached_attention(q, k, v, k_cache, v_cache, q_slots, k_slots, key_mask):
+    """Queries q [B, T, kv_heads, groups, D] over a KV cache [B, S, kv_heads, D] after
+    writing this step's k, v [B, T, kv_heads, D] at slot `q_slots[0]`; a query sees the
+    `key_mask` keys at or before its slot. Returns (out [B, T, kv_heads, groups, D],
+    (k_cache, v_cache))."""
+    start = (0, q_slots[0], 0, 0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])
+    allowed = (k_slots[None, :] <= q_slots[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v_cache), (k_cache, v_cache)
 
 
 def decode_attention(q, k, v, lengths, block: int) -> jax.Array:
@@ -325,9 +344,9 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache):
+    def __call__(self, x, positions, inv_freq, segment_ids, cached):
         attn_out, layer_cache = self.attn(
-            self.input_norm(x), positions, inv_freq, q_slots, k_slots, key_mask, layer_cache
+            self.input_norm(x), positions, inv_freq, segment_ids, cached
         )
         return self._rest(x, attn_out), layer_cache
 
@@ -369,17 +388,22 @@ class Transformer(nnx.Module):
         positions: jax.Array,
         mask: jax.Array,
         cache: KVCache | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final-norm hidden states [B, T, hidden]; writes keys/values into `cache` if given."""
+        """Final-norm hidden states [B, T, hidden]; writes keys/values into `cache` if given.
+
+        `segment_ids` [B, T] (int, 0 on padding) packs several sequences into one row:
+        attention never crosses ids and `positions` restart per sequence. Default: one
+        sequence per row, ids = `mask`.
+        """
         cfg = self.cfg
         t = tokens.shape[1]
         mask = mask.astype(jnp.bool_)
+        if segment_ids is None:
+            segment_ids = mask.astype(jnp.int32)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
         inv_freq = rope_inv_freq(cfg)
-        if cache is None:
-            q_slots = k_slots = jnp.arange(t, dtype=jnp.int32)
-            key_mask = mask
-        else:
+        if cache is not None:
             q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
             k_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
@@ -390,10 +414,10 @@ class Transformer(nnx.Module):
         call = nnx.remat(DecoderLayer.__call__) if remat else DecoderLayer.__call__
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_cache = call(
-                layer, x, positions, inv_freq, q_slots, k_slots, key_mask, layer_cache
-            )
+            cached = None
+            if cache is not None:
+                cached = (cache.k[i], cache.v[i], q_slots, k_slots, key_mask)
+            x, layer_cache = call(layer, x, positions, inv_freq, segment_ids, cached)
             if layer_cache is not None:
                 new_k.append(layer_cache[0])
                 new_v.append(layer_cache[1])
@@ -452,14 +476,16 @@ class Transformer(nnx.Module):
         mask: jax.Array,
         targets: jax.Array,
         temperature: float = 1.0,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         """log softmax(logits / temperature)[targets] and entropy, both float32 [B, T].
 
         `targets[b, t]` is the token whose probability is read off position t (usually
         `tokens[b, t + 1]`). Positions are processed in chunks of `cfg.logits_chunk`; each
         chunk is rematerialised in the backward pass, so peak logits memory is one chunk.
+        `segment_ids`: packed rows, as in `hidden`.
         """
-        h, _ = self.hidden(tokens, positions, mask)
+        h, _ = self.hidden(tokens, positions, mask, segment_ids=segment_ids)
         return chunked_logprobs(h, self._unembed(), targets, self.cfg.logits_chunk, temperature)
 
 

@@ -30,6 +30,7 @@ from da3po_jax.train.collector import CollectConfig, Collector, DSConfig
 from da3po_jax.train.engine import ContinuousEngine, RolloutEngine, StaticEngine
 from da3po_jax.train.evaluation import HeldoutEval
 from da3po_jax.train.logger import MetricsLogger
+from da3po_jax.train.packing import PackConfig
 from da3po_jax.train.rl_step import RLStepConfig, RLUpdate
 from da3po_jax.train.rollout import PromptEncoder
 from da3po_jax.train.setup import Datasets, generate_configs
@@ -74,6 +75,7 @@ def rl_step_config(cfg) -> RLStepConfig:
         recompute_logp_old=cfg.rollout.logp_old == "recompute",
         opd=config_lib.opd_config(cfg),
         ra_opd=config_lib.ra_opd_config(cfg),
+        pack=PackConfig(cfg.rl.pack_length, cfg.rl.pack_rows) if cfg.rl.packing else None,
     )
 
 

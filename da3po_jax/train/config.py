@@ -16,6 +16,7 @@ from ml_collections import config_dict
 
 from da3po_jax.data.prompts import get_template
 from da3po_jax.data.readers import ANSWER_MODES
+from da3po_jax.models.config import ATTENTION_CHOICES
 from da3po_jax.models.presets import PRESETS
 from da3po_jax.rl import (
     ADVANTAGE_ESTIMATORS,
@@ -96,6 +97,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "model.param_dtype": _choice("float32", "bfloat16"),
     "model.dtype": _choice("float32", "bfloat16"),
     "model.logits_chunk": _positive,
+    "model.attention": _choice(*ATTENTION_CHOICES),
+    "model.attention_block": _positive,
     "tokenizer.vocab_size": _positive,
     "data.source": _choice("synthetic", "jsonl", "parquet", "tfds"),
     "data.answer_mode": _choice(*ANSWER_MODES),
@@ -117,6 +120,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rl.train_prompts": _positive,
     "rl.mini_batch_prompts": _positive,
     "rl.micro_batch_prompts": _non_negative,
+    "rl.packing": _choice(True, False),
+    "rl.pack_length": _non_negative,
+    "rl.pack_rows": _positive,
     "rl.num_iterations": _positive,
     "adv.estimator": lambda v: ADVANTAGE_ESTIMATORS.check(v),
     "adv.norm": _choice("std", "none"),
@@ -249,6 +255,12 @@ def _check_relations(cfg) -> None:
             f"config.rl.micro_batch_prompts={rl.micro_batch_prompts} must divide "
             f"config.rl.mini_batch_prompts={rl.mini_batch_prompts}"
         )
+    if rl.packing and rl.micro_batch_prompts:
+        raise ValueError(
+            f"config.rl.micro_batch_prompts={rl.micro_batch_prompts} is for unpacked updates: "
+            "with config.rl.packing the micro-batches are rl.pack_rows rows of "
+            "rl.pack_length tokens (set micro_batch_prompts=0 or packing=False)"
+        )
     if cfg.ds.enable and cfg.ds.max_prompts < rl.train_prompts:
         raise ValueError(
             f"config.ds.max_prompts={cfg.ds.max_prompts} must be >= "
@@ -298,6 +310,12 @@ def _check_data_and_models(cfg) -> None:
         raise ValueError(
             f"config.rollout.prompt_buckets={buckets!r} must be a non-empty list of "
             "positive token lengths"
+        )
+    longest = max(buckets) + cfg.rollout.max_new_tokens
+    if cfg.rl.packing and 0 < cfg.rl.pack_length < longest:
+        raise ValueError(
+            f"config.rl.pack_length={cfg.rl.pack_length} is shorter than the longest sequence "
+            f"(largest rollout.prompt_buckets + rollout.max_new_tokens = {longest}); 0 = that"
         )
     try:
         get_template(cfg.data.template)

@@ -19,7 +19,8 @@ import optax
 from flax import nnx
 
 from da3po_jax.models import positions_from_mask
-from da3po_jax.parallel import replicated
+from da3po_jax.parallel import batch_sharding, replicated
+from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.rl import (
     AdvantageConfig,
     BetaPrior,
@@ -38,13 +39,23 @@ from da3po_jax.rl import (
     ra_opd_mask,
 )
 from da3po_jax.train.batch import GroupBatch
+from da3po_jax.train.packing import (
+    PackConfig,
+    PackPlan,
+    micro_slots,
+    packed_response_logprobs,
+    plan_packing,
+    sequence_lengths,
+)
 from da3po_jax.train.state import TrainState, optimizer_updates
 
 
 @dataclasses.dataclass(frozen=True)
 class RLStepConfig:
     """Static settings of the update (hashable); `opd` set = distil from the teacher
-    (per-token advantages), `ra_opd` set = also drop reward-misaligned trajectories."""
+    (per-token advantages), `ra_opd` set = also drop reward-misaligned trajectories;
+    `pack` set = the forwards run on packed micro-batches (train/packing.py) instead of
+    `micro_batch_prompts` groups padded to the full length."""
 
     group_size: int
     mini_batch_prompts: int
@@ -57,6 +68,7 @@ class RLStepConfig:
     recompute_logp_old: bool = False
     opd: OPDConfig | None = None
     ra_opd: RAOPDConfig | None = None
+    pack: PackConfig | None = None
 
 
 def response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, response_mask):
@@ -75,8 +87,9 @@ def response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, resp
     return logp[:, tp - 1 : tp - 1 + tn], ent[:, tp - 1 : tp - 1 + tn]
 
 
-def _rows(batch: GroupBatch, g: int) -> dict[str, jax.Array]:
-    """Per-response rows [N * G, ...] of the batch (prompts repeated for their G samples)."""
+def _rows(batch: GroupBatch, g: int, plan: PackPlan | None) -> dict[str, jax.Array]:
+    """Per-response rows [N * G, ...] of the batch (prompts repeated for their G samples),
+    with the packing plan's entries when there is one."""
     n = batch.tokens.shape[0]
     flat = lambda x: x.reshape(n * g, *x.shape[2:])
     rows = {
@@ -88,7 +101,34 @@ def _rows(batch: GroupBatch, g: int) -> dict[str, jax.Array]:
     }
     if batch.logp_sample is not None:
         rows["logp_sample"] = flat(batch.logp_sample)
+    if plan is not None:
+        rows.update(pack_micro=plan.micro, pack_row=plan.row, pack_offset=plan.offset)
     return rows
+
+
+def _plan_of(rows: dict) -> PackPlan:
+    return PackPlan(micro=rows["pack_micro"], row=rows["pack_row"], offset=rows["pack_offset"])
+
+
+def _num_micro(rows: dict, mb_rows: int, cfg: RLStepConfig) -> int:
+    seq = rows["prompt_tokens"].shape[1] + rows["tokens"].shape[1]
+    return micro_slots(mb_rows, seq, cfg.pack)
+
+
+def _resolved(cfg: RLStepConfig, batch: GroupBatch) -> RLStepConfig:
+    """`cfg` with the pack length fixed to the batch's row length where it is 0."""
+    if cfg.pack is None:
+        return cfg
+    row_len = batch.prompt_tokens.shape[1] + batch.tokens.shape[2]
+    return dataclasses.replace(cfg, pack=cfg.pack.resolve(row_len))
+
+
+def pack_plan(batch: GroupBatch, valid, cfg: RLStepConfig) -> PackPlan:
+    """The host-side packing plan of a batch (`cfg.pack` set): every kept response row's
+    (prompt, response) sequence placed in a packed micro-batch of its mini-batch."""
+    cfg = _resolved(cfg, batch)
+    mb_rows = cfg.mini_batch_prompts * cfg.group_size
+    return plan_packing(sequence_lengths(batch, valid), cfg.pack, mb_rows)
 
 
 def _advantages(batch, valid, cfg: RLStepConfig, prior, history):
@@ -157,6 +197,21 @@ def _distillation(rows, logp_teacher, correct, outcome_adv, cfg: RLStepConfig):
     return adv, m, metrics
 
 
+def _loss(logp, ent, m: dict, loss_mask, cfg: RLStepConfig, normalizer):
+    return da3po_loss(
+        logp,
+        m["logp_old"],
+        m["adv"],
+        loss_mask,
+        config=cfg.loss,
+        logp_ref=m.get("logp_ref"),
+        normalizer=normalizer,
+        entropy=ent,
+        amplified=m["amplified"],
+        logp_behavior=m.get("logp_sample"),
+    )
+
+
 def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer):
     """Gradient of one mini-batch, accumulated over its micro-batches (shared normaliser)."""
     g = cfg.group_size
@@ -168,18 +223,7 @@ def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer)
         logp, ent = response_logprobs(
             graphdef, p, m["prompt_tokens"], m["prompt_mask"], m["tokens"], m["response_mask"]
         )
-        return da3po_loss(
-            logp,
-            m["logp_old"],
-            m["adv"],
-            m["loss_mask"],
-            config=cfg.loss,
-            logp_ref=m.get("logp_ref"),
-            normalizer=normalizer,
-            entropy=ent,
-            amplified=m["amplified"],
-            logp_behavior=m.get("logp_sample"),
-        )
+        return _loss(logp, ent, m, m["loss_mask"], cfg, normalizer)
 
     def body(acc, m):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, m)
@@ -189,6 +233,64 @@ def _microbatch_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer)
     zeros = jax.tree.map(jnp.zeros_like, params)
     (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros(())), split)
     return grads, loss, metrics
+
+
+def _zeros_like_shapes(fn, *args):
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
+
+def _packed_grads(graphdef, params, mb: dict, cfg: RLStepConfig, normalizer, sharding):
+    """`_microbatch_grads` over packed micro-batches: slot m trains on the responses the
+    plan put in it (the others masked out of its loss); unused slots are skipped."""
+    plan = _plan_of(mb)
+    n_micro = _num_micro(mb, mb["tokens"].shape[0], cfg)
+
+    def loss_fn(p, m):
+        logp, ent = packed_response_logprobs(graphdef, p, mb, plan, m, cfg.pack, sharding)
+        here = (plan.micro == m)[:, None]
+        return _loss(logp, ent, mb, jnp.where(here, mb["loss_mask"], 0), cfg, normalizer)
+
+    def grads_of(m):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, m)
+        return grads, loss, metrics
+
+    unused = _zeros_like_shapes(grads_of, jnp.zeros((), jnp.int32))
+
+    def body(acc, m):
+        used = jnp.any(plan.micro == m)
+        grads, loss, metrics = jax.lax.cond(used, grads_of, lambda _: unused, m)
+        acc_grads, acc_loss = acc
+        return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    slots = jnp.arange(n_micro, dtype=jnp.int32)
+    (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros(())), slots)
+    return grads, loss, metrics
+
+
+def _packed_logprobs(graphdef, params, rows: dict, cfg: RLStepConfig, sharding) -> jax.Array:
+    """`response_logprobs(...)[0]` of every response row [R, Tn], computed on the packed
+    micro-batches of each mini-batch (unused slots skipped; rows not packed get 0)."""
+    mb_rows = cfg.mini_batch_prompts * cfg.group_size
+    keys = ("prompt_tokens", "prompt_mask", "tokens", "response_mask")
+    keys += ("pack_micro", "pack_row", "pack_offset")
+    r, tn = rows["tokens"].shape
+    mbs = {k: rows[k].reshape(r // mb_rows, mb_rows, *rows[k].shape[1:]) for k in keys}
+    slots = jnp.arange(_num_micro(rows, mb_rows, cfg), dtype=jnp.int32)
+
+    def per_minibatch(_, mb):
+        plan = _plan_of(mb)
+        fwd = lambda m: packed_response_logprobs(  # noqa: E731
+            graphdef, params, mb, plan, m, cfg.pack, sharding
+        )[0]
+        empty = jnp.zeros((mb_rows, tn), jnp.float32)
+
+        def body(acc, m):  # every row is in one slot: the slots' values add up
+            return acc + jax.lax.cond(jnp.any(plan.micro == m), fwd, lambda _: empty, m), None
+
+        return None, jax.lax.scan(body, empty, slots)[0]
+
+    return jax.lax.scan(per_minibatch, None, mbs)[1].reshape(r, tn)
 
 
 # Micro-batch metrics that are not token means of their own micro-batch: the partial sums
@@ -237,8 +339,10 @@ def rl_update(
     prior: BetaPrior | None = None,
     ref_params: Any = None,
     teacher_params: Any = None,
+    pack: PackPlan | None = None,
     *,
     teacher_graphdef: Any = None,
+    pack_sharding: Any = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One RL training step on a batch of groups (jit with graphdef, tx, cfg and
     teacher_graphdef static).
@@ -253,6 +357,9 @@ def rl_update(
       teacher_params, teacher_graphdef: the frozen teacher (`nnx.split` of it; any
         architecture with the student's tokenizer) when `cfg.opd` is set: its log-probs of
         the sampled responses (one forward) give the per-token OPD advantages.
+      pack: the batch's `pack_plan` when `cfg.pack` is set (host arrays are fine).
+      pack_sharding: sharding of the packed micro-batch arrays (static; their leading
+        axis over the batch axes), or None.
 
     A mini-batch without a valid token (e.g. the trailing slots when dynamic sampling
     stopped at its round cap short of a full batch) leaves parameters *and* optimizer
@@ -266,23 +373,36 @@ def rl_update(
     """
     if cfg.loss.tis_cap > 0 and batch.logp_sample is None:
         raise ValueError("loss.tis_cap > 0 needs the sampler's log-probs (batch.logp_sample)")
+    if (cfg.pack is None) != (pack is None):
+        raise ValueError("rl_update takes a packing plan exactly when cfg.pack is set")
+    cfg = _resolved(cfg, batch)
     adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, batch.history)
-    rows = _rows(batch, cfg.group_size)
+    rows = _rows(batch, cfg.group_size, pack)
     rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
     teacher = (teacher_graphdef, teacher_params)
-    metrics.update(_frozen_forwards(graphdef, state.params, rows, batch, cfg, ref_params, teacher))
-    params, opt_state, update_metrics = _minibatch_updates(graphdef, tx, cfg, state, rows)
+    metrics.update(
+        _frozen_forwards(
+            graphdef, state.params, rows, batch, cfg, ref_params, teacher, pack_sharding
+        )
+    )
+    params, opt_state, update_metrics = _minibatch_updates(
+        graphdef, tx, cfg, state, rows, pack_sharding
+    )
     metrics.update(update_metrics)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics
 
 
-def _frozen_forwards(graphdef, params, rows, batch, cfg: RLStepConfig, ref_params, teacher):
+def _frozen_forwards(graphdef, params, rows, batch, cfg: RLStepConfig, ref_params, teacher, sh):
     """The forwards that take no gradient, written into `rows`: recomputed old log-probs,
     the reference's log-probs (KL term) and, for OPD, the teacher's, which replace the
     advantages and the loss mask. Returns the OPD metrics ({} without a teacher)."""
-    fwd = jax.jit(response_logprobs, static_argnums=0)
-    args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
+    if cfg.pack is None:
+        args = (rows["prompt_tokens"], rows["prompt_mask"], rows["tokens"], rows["response_mask"])
+        fwd = lambda gd, p, *a: response_logprobs(gd, p, *a)  # noqa: E731
+    else:
+        args = ()
+        fwd = lambda gd, p: (_packed_logprobs(gd, p, rows, cfg, sh),)  # noqa: E731
     if cfg.recompute_logp_old:
         rows["logp_old"] = jax.lax.stop_gradient(fwd(graphdef, params, *args)[0])
     if ref_params is not None:
@@ -299,7 +419,7 @@ def _frozen_forwards(graphdef, params, rows, batch, cfg: RLStepConfig, ref_param
     return opd_metrics
 
 
-def _minibatch_updates(graphdef, tx, cfg: RLStepConfig, state: TrainState, rows):
+def _minibatch_updates(graphdef, tx, cfg: RLStepConfig, state: TrainState, rows, sharding):
     """`num_iterations` passes of one optimizer update per mini-batch (a `lax.scan`);
     an update with no valid token or a non-finite loss / gradient / update is not
     applied. Returns (params, opt_state, metrics)."""
@@ -310,7 +430,10 @@ def _minibatch_updates(graphdef, tx, cfg: RLStepConfig, state: TrainState, rows)
     def update(carry, mb):
         params, opt_state = carry
         norm = loss_normalizer(mb["loss_mask"], cfg.loss.agg)
-        grads, loss, mb_metrics = _microbatch_grads(graphdef, params, mb, cfg, norm)
+        if cfg.pack is None:
+            grads, loss, mb_metrics = _microbatch_grads(graphdef, params, mb, cfg, norm)
+        else:
+            grads, loss, mb_metrics = _packed_grads(graphdef, params, mb, cfg, norm, sharding)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         grad_norm = optax.global_norm(grads)
         finite = (
@@ -374,15 +497,29 @@ class RLUpdate:
         self.ref_params = ref_params
         self.teacher_graphdef, self.teacher_params = teacher or (None, None)
         out = (state_shardings, replicated(mesh)) if mesh is not None else None
+        self.mesh = mesh
+        self.pack_sharding = None
+        if mesh is not None and cfg.pack is not None:
+            if cfg.pack.rows % batch_size_divisor(mesh):
+                raise ValueError(
+                    f"config.rl.pack_rows={cfg.pack.rows} must be a multiple of the "
+                    f"{batch_size_divisor(mesh)} devices a batch is split over (data x fsdp)"
+                )
+            self.pack_sharding = batch_sharding(mesh, (cfg.pack.rows,))
         self.fn = jax.jit(
             rl_update,
             static_argnums=(0, 1, 2),
-            static_argnames=("teacher_graphdef",),
+            static_argnames=("teacher_graphdef", "pack_sharding"),
             donate_argnums=(3,),
             out_shardings=out,
         )
 
     def __call__(self, state: TrainState, batch: GroupBatch, valid: jax.Array, prior):
+        plan = None
+        if self.cfg.pack is not None:  # host side: the batch's lengths decide the packing
+            plan = pack_plan(batch, valid, self.cfg)
+            if self.mesh is not None:
+                plan = jax.device_put(plan, replicated(self.mesh))
         return self.fn(
             self.graphdef,
             self.tx,
@@ -393,7 +530,9 @@ class RLUpdate:
             prior,
             self.ref_params,
             self.teacher_params,
+            plan,
             teacher_graphdef=self.teacher_graphdef,
+            pack_sharding=self.pack_sharding,
         )
 
     def lr(self, state: TrainState) -> float:

@@ -127,6 +127,8 @@ def policy_model(
         dtype=cfg.model.dtype,
         logits_chunk=cfg.model.logits_chunk,
         remat=cfg.model.remat,
+        attention=cfg.model.attention,
+        attention_block=cfg.model.attention_block,
     )
     path = path or (None if preset else cfg.model.path)
     if path:

@@ -52,6 +52,7 @@ CASES = {
     "grpo_micro": dict(
         algo="grpo",
         overrides={
+            "rl.packing": False,
             "rl.micro_batch_prompts": 1,
             "rl.num_iterations": 2,
             "rollout.logp_old": "recompute",

@@ -89,6 +89,7 @@ EXTRA = {
     "da3po": {
         "loss.kl_coef": 0.05,
         "rollout.logp_old": "recompute",
+        "rl.packing": False,
         "rl.micro_batch_prompts": 1,
         "daa.estimator": "bayes",
     },
