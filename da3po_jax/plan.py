@@ -80,7 +80,7 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType
 
-from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
 
@@ -100,7 +100,6 @@ DEVICE_GIB: dict[str, float] = {
 }
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_DTYPE_FIELDS = ("param_dtype", "dtype", "logits_chunk", "remat")
 _COMPONENTS = (
     "params",
     "optimizer",
@@ -211,7 +210,7 @@ def model_config(section: Any, vocab_size: int | None = None) -> ModelConfig:
     from da3po_jax.models.presets import get_preset
 
     get = section.get if hasattr(section, "get") else lambda k, d=None: getattr(section, k, d)
-    overrides = {k: get(k) for k in _DTYPE_FIELDS if get(k, None) is not None}
+    overrides = {k: get(k) for k in RUNTIME_FIELDS if get(k, None) is not None}
     path, preset = get("path", "") or "", get("preset", "") or ""
     if path and os.path.isfile(os.path.join(path, "config.json")):
         return ModelConfig.from_hf_folder(path, **overrides)
@@ -307,7 +306,7 @@ def plan_memory(
     if tsec is not None and (tsec.get("path") or tsec.get("preset")):
         # `train.teacher.load_teacher` builds it with the policy's dtypes (`policy_model`)
         teacher_name = tsec.get("path") or tsec.get("preset")
-        section = {**{k: cfg.model.get(k) for k in _DTYPE_FIELDS}, **dict(tsec.items())}
+        section = {**{k: cfg.model.get(k) for k in RUNTIME_FIELDS}, **dict(tsec.items())}
         try:
             tcfg = model_config(section, vocab)
         except ValueError:

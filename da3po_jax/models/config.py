@@ -24,6 +24,20 @@ SUPPORTED_MODEL_TYPES = {
 # Self-attention implementations (models/attention.py; "auto" picks one by backend).
 ATTENTION_CHOICES = ("auto", "naive", "blockwise", "cudnn", "splash")
 
+REMAT_POLICY_CHOICES = ("nothing", "dots")
+# Fields that say how the model runs, not what it is (never read from or written to a HF
+# config.json): set from the run's `config.model` section.
+RUNTIME_FIELDS = (
+    "param_dtype",
+    "dtype",
+    "logits_chunk",
+    "remat",
+    "remat_policy",
+    "attention",
+    "attention_block",
+    "scan_layers",
+)
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -55,6 +69,10 @@ class ModelConfig:
       attention: self-attention implementation of the training forward and the prefill
         ("auto", "naive", "blockwise", "cudnn", "splash"; models/attention.py).
       attention_block: query/key block of the blockwise kernels.
+      scan_layers: store the layers stacked (a leading layer axis) and run them under
+        `lax.scan`, so compile time does not grow with depth.
+      remat_policy: what a rematerialised layer keeps ("nothing": recompute it all;
+        "dots": keep the weight matmuls' outputs).
     """
 
     model_type: str
@@ -81,6 +99,8 @@ class ModelConfig:
     remat: bool = False
     attention: str = "auto"
     attention_block: int = 512
+    scan_layers: bool = False
+    remat_policy: str = "nothing"
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -100,6 +120,10 @@ class ModelConfig:
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(
                 f"attention={self.attention!r}; expected one of {list(ATTENTION_CHOICES)}"
+            )
+        if self.remat_policy not in REMAT_POLICY_CHOICES:
+            raise ValueError(
+                f"remat_policy={self.remat_policy!r}; expected one of {list(REMAT_POLICY_CHOICES)}"
             )
         if self.attention_block < 1:
             raise ValueError(f"attention_block={self.attention_block} must be >= 1")

@@ -55,6 +55,7 @@ class _Entry:
     path: Path
     to_jax: Callable[[np.ndarray], np.ndarray]
     to_hf: Callable[[np.ndarray], np.ndarray]
+    layer: int | None = None  # index along a stacked parameter's leading layer axis
 
 
 def _same(x: np.ndarray) -> np.ndarray:
@@ -75,6 +76,7 @@ def param_table(cfg: ModelConfig) -> list[_Entry]:
     entries = [_Entry("model.embed_tokens.weight", ("embed",), _same, _same)]
     for i in range(cfg.num_layers):
         pre, path = f"model.layers.{i}.", ("layers", i)
+        first = len(entries)
         for name, n in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
             fwd, bwd = heads_in(n)
             entries.append(
@@ -126,6 +128,13 @@ def param_table(cfg: ModelConfig) -> list[_Entry]:
                 _same,
             )
         )
+        if cfg.scan_layers:  # one stacked parameter per name: drop the index from the path
+            entries[first:] = [
+                dataclasses.replace(e, path=e.path[:1] + e.path[2:], layer=i)
+                for e in entries[first:]
+            ]
+    if cfg.scan_layers:  # parameter-major, so an export reads each stacked array once
+        entries[1:] = sorted(entries[1:], key=lambda e: e.path)
     entries.append(_Entry("model.norm.weight", ("final_norm", "weight"), _same, _same))
     if not cfg.tie_word_embeddings:
         entries.append(_Entry("lm_head.weight", ("lm_head",), _linear, _linear))
@@ -261,9 +270,12 @@ def load_model(
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     flat = dict(nnx.to_flat_state(state))
+    stacks: dict[Path, np.ndarray] = {}  # stacked parameters, filled layer by layer
     for n, entry in enumerate(table):
         var = flat[entry.path]
         want = var.get_value()
+        if entry.layer is not None:
+            want = jax.ShapeDtypeStruct(want.shape[1:], want.dtype)
         src = tensors[entry.hf_name]
         got_hf = src.shape(entry.hf_name)
         expected_hf = entry.to_hf(np.empty(want.shape, np.bool_)).shape
@@ -287,6 +299,13 @@ def load_model(
                 f"{_count_nonfinite(arr)} values that overflow to Inf when cast from "
                 f"{raw.dtype} to param_dtype={cfg.param_dtype}"
             )
+        if entry.layer is not None:
+            full = var.get_value()
+            stack = stacks.setdefault(entry.path, np.empty(full.shape, full.dtype))
+            stack[entry.layer] = arr
+            if entry.layer < cfg.num_layers - 1:
+                continue
+            arr = stacks.pop(entry.path)
         var.set_value(_place(arr, entry.path, sharding))
         del arr
         if progress is not None:
@@ -371,8 +390,15 @@ def _write_weights(folder: str, table: list[_Entry], flat: dict, max_shard_bytes
         files.append(fname)
         weight_map.update({name: fname for name in shard})
 
+    host: dict[Path, np.ndarray] = {}  # the stacked parameter being written, on the host
     for entry in table:
-        arr = np.ascontiguousarray(entry.to_hf(_host_array(flat[entry.path].get_value())))
+        if entry.layer is None:
+            value = _host_array(flat[entry.path].get_value())
+        else:
+            if entry.path not in host:
+                host = {entry.path: _host_array(flat[entry.path].get_value())}
+            value = host[entry.path][entry.layer]
+        arr = np.ascontiguousarray(entry.to_hf(value))
         if shard and size + arr.nbytes > max_shard_bytes:
             flush()
             shard, size = {}, 0

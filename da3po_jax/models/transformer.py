@@ -362,22 +362,42 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attn_norm(x))
 
 
+# `model.remat_policy` -> what a rematerialised layer keeps from its forward pass.
+REMAT_POLICIES = {
+    "nothing": jax.checkpoint_policies.nothing_saveable,  # recompute the whole layer
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+}
+
+
+def _stacked(layers: list[DecoderLayer]) -> DecoderLayer:
+    """One layer module whose parameters carry a leading layer axis: `layers`' weights
+    stacked, so a scanned model starts from the same values as the unscanned one."""
+    graphdef, _ = nnx.split(layers[0])
+    states = [nnx.state(layer) for layer in layers]
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+
 class Transformer(nnx.Module):
     """Decoder-only causal LM.
 
     Calls:
-      `hidden(tokens, positions, mask, cache=None) -> (h [B, T, hidden], cache)`
+      `hidden(tokens, positions, mask, cache=None, segment_ids=None) -> (h, cache)`
       `__call__(...)`: float32 logits [B, T, vocab] (materialises them all; for sampling
         and tests).
       `token_logprobs(tokens, positions, mask, targets)`: float32 log p(targets) [B, T]
         (and per-token entropy) computed chunk by chunk over the sequence, so at most one
         [B, logits_chunk, vocab] float32 logits block exists, also in the backward pass.
+
+    With `cfg.scan_layers` the layers are one `DecoderLayer` whose parameters have a
+    leading [num_layers] axis (paths `layers/attn/q` instead of `layers/3/attn/q`), run
+    under `lax.scan` without a cache.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        layers = [DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)]
+        self.layers = _stacked(layers) if cfg.scan_layers else nnx.List(layers)
         self.final_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)
@@ -407,13 +427,16 @@ class Transformer(nnx.Module):
             q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
             k_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
+        if cache is None and cfg.scan_layers:
+            return self.final_norm(self._scan(x, positions, inv_freq, segment_ids)), None
         # Remat only matters under a backward pass. With a KV cache (the sampler's prefill and
         # decode, never differentiated) `nnx.remat` would also write the layer's state back
         # from inside the decode loop, a different trace level (TraceContextError).
         remat = cfg.remat and cache is None
-        call = nnx.remat(DecoderLayer.__call__) if remat else DecoderLayer.__call__
+        policy = REMAT_POLICIES[cfg.remat_policy]
+        call = nnx.remat(DecoderLayer.__call__, policy=policy) if remat else DecoderLayer.__call__
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layer_list()):
             cached = None
             if cache is not None:
                 cached = (cache.k[i], cache.v[i], q_slots, k_slots, key_mask)
@@ -424,6 +447,30 @@ class Transformer(nnx.Module):
         if cache is not None:
             cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=key_mask, index=cache.index + t)
         return self.final_norm(x), cache
+
+    def layer_list(self) -> list[DecoderLayer]:
+        """The decoder layers in order; with `scan_layers`, views of the stacked parameters'
+        slices (the cached prefill and decode paths run layer by layer)."""
+        if not self.cfg.scan_layers:
+            return list(self.layers)
+        graphdef, state = nnx.split(self.layers)
+        return [
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+            for i in range(self.cfg.num_layers)
+        ]
+
+    def _scan(self, x, positions, inv_freq, segment_ids) -> jax.Array:
+        """The stacked layers under one `lax.scan` (compiled once whatever the depth), each
+        step rematerialised in the backward pass when `cfg.remat` (`cfg.remat_policy`)."""
+        graphdef, state = nnx.split(self.layers)
+
+        def step(x, layer_state):
+            layer = nnx.merge(graphdef, layer_state)
+            return layer(x, positions, inv_freq, segment_ids, None)[0], None
+
+        if self.cfg.remat:
+            step = jax.checkpoint(step, policy=REMAT_POLICIES[self.cfg.remat_policy])
+        return jax.lax.scan(step, x, state)[0]
 
     def decode_slots(
         self,
@@ -440,7 +487,7 @@ class Transformer(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)[:, None]
         inv_freq = rope_inv_freq(cfg)
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layer_list()):
             x, (k, v) = layer.decode(
                 x,
                 positions[:, None],

@@ -10,7 +10,9 @@ Layouts (see `models/transformer.py`): `q/k/v` are [hidden, heads, head_dim], `o
 [vocab, hidden] and `lm_head` [hidden, vocab]. FSDP splits the hidden (model) dimension;
 tensor parallelism splits attention heads, MLP hidden units and the vocabulary. An axis
 that does not divide its dimension (e.g. 2 KV heads over a tensor axis of 8) is dropped
-from that parameter's spec, which then stays replicated along it.
+from that parameter's spec, which then stays replicated along it. A scanned model's
+stacked layer parameters (`layers/attn/q`, [num_layers, ...]) take the same rule with the
+leading layer axis unsplit.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ RULES: tuple[Rule, ...] = (
     (r"mlp/down$", ("tensor", "fsdp")),
     (r".*", ()),  # norms, o_bias, scalars (optimizer step count): replicated
 )
+
+
+# A stacked (scanned) layer parameter: `layers/attn/q`, no layer index after `layers`.
+_STACKED = re.compile(r"(^|/)layers/(?!\d)")
 
 
 def path_str(path: Any) -> str:
@@ -60,6 +66,8 @@ def spec_for(
     """The `PartitionSpec` of the parameter at `path` with `shape` under `mesh`."""
     name = path_str(path)
     axes = next((axes for pattern, axes in rules if re.search(pattern, name)), ())
+    if _STACKED.search(name) and len(axes) + 1 == len(shape):
+        axes = (None, *axes)  # a scanned model's leading layer axis is never split
     if len(axes) != len(shape):  # a rule written for another rank: do not guess
         return PartitionSpec()
     spec = [

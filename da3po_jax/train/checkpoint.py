@@ -337,11 +337,11 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) 
         "rl.train_prompts",
         "rollout.max_new_tokens",
         "teacher",
-        "surplus_groups",  # absent from checkpoints older than the field: not compared
+        "surplus_groups",
+        "model.scan_layers",
     )
-    diffs = [
-        k for k in keys if saved.get(k) != current.get(k) and (k in saved or k != "surplus_groups")
-    ]
+    newer = ("surplus_groups", "model.scan_layers")  # absent from older checkpoints: not compared
+    diffs = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in newer)]
     if diffs:
         details = "; ".join(
             f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in diffs

@@ -16,7 +16,7 @@ from ml_collections import config_dict
 
 from da3po_jax.data.prompts import get_template
 from da3po_jax.data.readers import ANSWER_MODES
-from da3po_jax.models.config import ATTENTION_CHOICES
+from da3po_jax.models.config import ATTENTION_CHOICES, REMAT_POLICY_CHOICES
 from da3po_jax.models.presets import PRESETS
 from da3po_jax.rl import (
     ADVANTAGE_ESTIMATORS,
@@ -99,6 +99,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "model.logits_chunk": _positive,
     "model.attention": _choice(*ATTENTION_CHOICES),
     "model.attention_block": _positive,
+    "model.remat_policy": _choice(*REMAT_POLICY_CHOICES),
     "tokenizer.vocab_size": _positive,
     "data.source": _choice("synthetic", "jsonl", "parquet", "tfds"),
     "data.answer_mode": _choice(*ANSWER_MODES),

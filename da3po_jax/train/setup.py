@@ -18,6 +18,7 @@ from da3po_jax.data import (
     load_problems,
 )
 from da3po_jax.models import Transformer, get_preset, init_model, load_model
+from da3po_jax.models.config import RUNTIME_FIELDS
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.parallel import param_sharding
 from da3po_jax.sampling import GenerateConfig
@@ -122,14 +123,7 @@ def policy_model(
     parameter is created or read straight into its shards (`parallel.RULES`).
     """
     sharding = param_sharding(mesh) if mesh is not None else None
-    overrides = dict(
-        param_dtype=cfg.model.param_dtype,
-        dtype=cfg.model.dtype,
-        logits_chunk=cfg.model.logits_chunk,
-        remat=cfg.model.remat,
-        attention=cfg.model.attention,
-        attention_block=cfg.model.attention_block,
-    )
+    overrides = {k: cfg.model[k] for k in RUNTIME_FIELDS}
     path = path or (None if preset else cfg.model.path)
     if path:
         model = load_model(path, sharding=sharding, **overrides)

@@ -45,6 +45,7 @@ def fingerprint(cfg) -> dict[str, Any]:
         "teacher": teacher,
         # the carried surplus buffer's size (rollout.engine, prompts_per_round or slots)
         "surplus_groups": config_lib.surplus_capacity(cfg),
+        "model.scan_layers": bool(cfg.model.scan_layers),  # the parameter tree's layout
     }
 
 

@@ -46,6 +46,9 @@ def test_logits_match_transformers(tmp_path, case):
     assert np.abs(ref).max() > 1.0  # weights are large enough for the check to bite
     diff = np.abs(ours - ref)[mask]
     assert diff.max() <= 1e-4, f"max |logits diff| = {diff.max():.3g}"
+    _, scanned = _ours(str(tmp_path), tokens, mask, scan_layers=True)  # the stacked layout
+    diff = np.abs(scanned - ref)[mask]
+    assert diff.max() <= 1e-4, f"scanned: max |logits diff| = {diff.max():.3g}"
 
 
 def test_config_reads_rope_and_head_dim(tmp_path):

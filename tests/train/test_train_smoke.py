@@ -196,6 +196,9 @@ def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
     other = {"rollout.engine": "continuous", "rollout.slots": 8, "train.eval_every": 0}
     with pytest.raises(CheckpointError, match="surplus_groups: checkpoint 4 vs now 8"):
         train(micro_config("dapo", **other), workdir)
+    # the stacked (scanned) parameter tree is another layout
+    with pytest.raises(CheckpointError, match="model.scan_layers: checkpoint False vs now True"):
+        train(micro_config("dapo", **{"model.scan_layers": True, "train.eval_every": 0}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
 
     # A damaged checkpoint: a clear error, and the files stay as they were.
