@@ -8,11 +8,11 @@
 Changes from qwen_math.py and why: a 1-device mesh; sequences capped at the model's
 4096-token context (prompts <= 1024, responses <= 3072, overlong buffer 512); rollout
 rounds of 32 prompts x 16 and eval calls of 16 prompts x 32 samples (KV cache); 128
-groups per step in mini-batches of 32, one prompt (16 responses) per micro-batch.
+groups per step in mini-batches of 32, packed micro-batches of 16 rows of 4096 tokens.
 
 Planner (python -m da3po_jax.plan, GiB): params 5.75, optimizer 11.50, grads 11.50, batch
-0.10, kv_cache 55.99, rollout_work 3.14, activations 81.57; rollout phase 59.13, train
-phase 93.07; peak 110.42 GiB = 78.3% of 141 GiB -> fits (usable 90%; on GPUs set
+0.10, kv_cache 55.99, rollout_work 2.02, activations 46.81; rollout phase 58.01, train
+phase 58.31; peak 75.66 GiB = 53.7% of 141 GiB -> fits (usable 90%; on GPUs set
 XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
 """
 

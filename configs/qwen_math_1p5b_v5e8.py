@@ -9,13 +9,12 @@ Changes from qwen_math.py and why: FSDP over the 8 chips (f32 master weights and
 state); sequences capped at the model's 4096-token context (prompts <= 1024, responses
 <= 3072, overlong buffer 512); rollout rounds of 32 prompts x 16 and eval calls of 16
 prompts x 32 samples (KV cache: 16 GiB chips); 128 groups per step in mini-batches of 32,
-one prompt (16 responses, 2 per chip) per micro-batch, logits in chunks of 512.
+packed micro-batches of 16 rows of 4096 tokens (2 per chip), logits in chunks of 512.
 
 Planner (python -m da3po_jax.plan, GiB per chip): params 0.72, optimizer 1.44, grads
-1.44, batch 0.01, gathered 0.87, kv_cache 7.00, rollout_work 0.39, activations 8.46;
-rollout phase 7.39, train phase 9.90; peak 12.94 GiB = 80.8% of 16 GiB -> fits (usable
-90%; the tightest of the recipes: longer responses need a smaller micro-batch than one
-prompt, which the trainer does not offer).
+1.44, batch 0.01, gathered 0.87, kv_cache 7.00, rollout_work 0.25, activations 4.11;
+rollout phase 7.25, train phase 5.55; peak 10.29 GiB = 64.3% of 16 GiB -> fits (usable
+90%; the tightest of the recipes).
 """
 
 import os

@@ -9,13 +9,13 @@ Changes from qwen_math.py and why: FSDP over the 8 GPUs (f32 master weights and 
 state sharded 8 ways); sequences capped at Qwen2.5-Math-7B's 4096-token context (prompts
 <= 1024, responses <= 3072, overlong buffer 512); rollout rounds of 64 prompts x 16 and
 eval calls of 32 prompts x 32 samples, because the KV cache of DAPO's 512 x 16 x 20k
-tokens is ~1.2 TiB per GPU here; 128 groups per step in mini-batches of 32, one prompt
-(16 responses, 2 per GPU) per micro-batch because attention is not flash-style (the
-[rows, heads, T, T] scores of one layer are materialised).
+tokens is ~1.2 TiB per GPU here; 128 groups per step in mini-batches of 32, packed
+micro-batches of 16 rows of 4096 tokens (2 per GPU). configs/qwen_dapo_7b_8xh100.py runs
+DAPO's full response length on this node with Qwen2.5-7B.
 
 Planner (python -m da3po_jax.plan, GiB per GPU): params 3.55, optimizer 7.09, grads
-7.09, batch 0.01, gathered 2.03, kv_cache 27.99, rollout_work 1.75, activations 18.92;
-rollout phase 29.75, train phase 26.01; peak 42.43 GiB = 53.0% of 80 GiB -> fits (usable
+7.09, batch 0.01, gathered 2.03, kv_cache 27.99, rollout_work 1.10, activations 8.76;
+rollout phase 29.09, train phase 15.86; peak 41.78 GiB = 52.2% of 80 GiB -> fits (usable
 90%; also under JAX's default GPU preallocation of 75%).
 """
 

@@ -9,12 +9,12 @@ Changes from qwen_math.py and why: FSDP over the 4 chips (f32 master weights and
 state: bf16 weights would round away most lr=1e-6 updates); sequences capped at
 Qwen2.5-Math-7B's 4096-token context (prompts <= 1024, responses <= 3072, overlong buffer
 512); rollout rounds of 32 prompts x 16 and eval calls of 16 prompts x 32 samples (KV
-cache); 128 groups per step in mini-batches of 32 with one prompt (16 responses, 4 per
-chip) per micro-batch, logits in chunks of 512.
+cache); 128 groups per step in mini-batches of 32, packed micro-batches of 16 rows of 4096
+tokens (4 per chip), logits in chunks of 512.
 
 Planner (python -m da3po_jax.plan, GiB per chip): params 7.09, optimizer 14.19, grads
-14.19, batch 0.02, gathered 2.03, kv_cache 27.99, rollout_work 1.75, activations 34.36;
-rollout phase 29.75, train phase 48.54; peak 71.88 GiB = 75.7% of 95 GiB -> fits (usable
+14.19, batch 0.02, gathered 2.03, kv_cache 27.99, rollout_work 1.10, activations 14.05;
+rollout phase 29.09, train phase 28.23; peak 52.43 GiB = 55.2% of 95 GiB -> fits (usable
 90%), with float32 master weights.
 """
 

@@ -187,3 +187,42 @@ def test_loading_safetensors_places_only_shards(tmp_path):
         assert len({s.device for s in x.addressable_shards}) == 8
     np.testing.assert_array_equal(np.asarray(loaded.embed[...]), np.asarray(model.embed[...]))
     assert _spec(loaded.embed[...]) == (None, "fsdp")
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 2, 4)])
+def test_packed_scanned_update_on_a_mesh_equals_the_single_device_one(shape, reference):
+    """The update with packed micro-batches (split over the batch axes) on a model with
+    stacked layers, through `RLUpdate` (host plan, placement): the unpacked, unscanned
+    single-device step's metrics and parameters."""
+    import dataclasses
+
+    from da3po_jax.train.packing import PackConfig
+    from da3po_jax.train.rl_step import RLUpdate
+
+    mesh = make_mesh(shape)
+    model = init_model(CFG.replace(scan_layers=True), seed=0, sharding=param_sharding(mesh))
+    tx = optax.sgd(1.0)
+    graphdef, state = init_train_state(model, tx, 0, mesh)
+    _, step_cfg = _step_config()
+    step_cfg = dataclasses.replace(step_cfg, micro_batch_prompts=0, pack=PackConfig(0, 8))
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    update = RLUpdate(graphdef, tx, lambda _: 1.0, step_cfg, state_shardings=shardings, mesh=mesh)
+    batch, valid = shard_batch(_batch(), mesh)
+    new_state, metrics = update(state, batch, valid, None)
+    *_, ref_metrics, ref_state = reference
+    for k in ref_metrics:
+        np.testing.assert_allclose(
+            float(metrics[k]), ref_metrics[k], atol=1e-5, rtol=1e-5, err_msg=k
+        )
+    ref = ref_state.params
+    got = new_state.params
+    for i in range(CFG.num_layers):
+        want_i = jax.tree.leaves(ref["layers"][i])
+        got_i = jax.tree.leaves(jax.tree.map(lambda a, i=i: a[i], got["layers"]))
+        for x, y in zip(got_i, want_i, strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(got["embed"].get_value()), np.asarray(ref["embed"].get_value()), atol=1e-5
+    )
+    q = got["layers"]["attn"]["q"].get_value()
+    assert q.sharding.spec == spec_for("layers/attn/q", q.shape, mesh)
