@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mini-batch", type=int, default=16)
-    p.add_argument("--micro-batch", type=int, default=0)
+    p.add_argument("--micro-batch", type=int, default=0, help="groups (turns packing off)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--engines", default="static", help="comma-separated rollout.engine values")
     p.add_argument("--slots", type=int, default=64, help="continuous: rollout.slots")
@@ -71,6 +71,7 @@ def run(args, engine: str) -> dict:
     c.rollout.prompts_per_round = c.rl.train_prompts = args.prompts
     c.rollout.group_size, c.rollout.max_new_tokens = args.group_size, args.max_new_tokens
     c.rl.mini_batch_prompts, c.rl.micro_batch_prompts = args.mini_batch, args.micro_batch
+    c.rl.packing = not args.micro_batch  # micro-batches of groups are the unpacked update's
     c.train.steps, c.train.eval_every, c.train.checkpoint_every = args.steps, 0, 0
     c.sft.enable = False
     c.rollout.engine, c.rollout.slots = engine, args.slots

@@ -369,6 +369,21 @@ REMAT_POLICIES = {
 }
 
 
+def _remat(cfg: ModelConfig):
+    """`DecoderLayer.__call__` rematerialised in the backward pass under
+    `cfg.remat_policy`, as a pure function of the layer's state (`jax.checkpoint`, not
+    `nnx.remat`, which writes the state back and fails when the model was merged inside
+    `lax.scan` / `lax.cond`, as in the packed update)."""
+    policy = REMAT_POLICIES[cfg.remat_policy]
+
+    def call(layer, x, *args):
+        graphdef, state = nnx.split(layer)
+        run = lambda st, x: nnx.merge(graphdef, st)(x, *args)  # noqa: E731
+        return jax.checkpoint(run, policy=policy)(state, x)
+
+    return call
+
+
 def _stacked(layers: list[DecoderLayer]) -> DecoderLayer:
     """One layer module whose parameters carry a leading layer axis: `layers`' weights
     stacked, so a scanned model starts from the same values as the unscanned one."""
@@ -429,12 +444,9 @@ class Transformer(nnx.Module):
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
         if cache is None and cfg.scan_layers:
             return self.final_norm(self._scan(x, positions, inv_freq, segment_ids)), None
-        # Remat only matters under a backward pass. With a KV cache (the sampler's prefill and
-        # decode, never differentiated) `nnx.remat` would also write the layer's state back
-        # from inside the decode loop, a different trace level (TraceContextError).
-        remat = cfg.remat and cache is None
-        policy = REMAT_POLICIES[cfg.remat_policy]
-        call = nnx.remat(DecoderLayer.__call__, policy=policy) if remat else DecoderLayer.__call__
+        # Remat only matters under a backward pass, so never with a KV cache (the sampler's
+        # prefill and decode).
+        call = _remat(cfg) if cfg.remat and cache is None else DecoderLayer.__call__
         new_k, new_v = [], []
         for i, layer in enumerate(self.layer_list()):
             cached = None

@@ -234,7 +234,8 @@ def heldout_eval(ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig) -> H
 
 def step_perf(cfg, model, teacher, engine: RolloutEngine, update: RLUpdate, collector, mesh):
     """Compile counts of the step's jitted functions, and the update's model FLOPs: the
-    training passes over every row of the padded batch plus the frozen forwards."""
+    training passes plus the frozen forwards, over every row of the padded batch or,
+    packed, over the real tokens of each sequence of the step's batch."""
     counts = perf.CompileCounts()
     counts.watch("update", update.fn)
     counts.watch("ds_round", collector.round_update)
@@ -253,4 +254,15 @@ def step_perf(cfg, model, teacher, engine: RolloutEngine, update: RLUpdate, coll
         extra_flops=teacher_flops,
     )
     devices = mesh.size if mesh is not None else 1
+    if update.cfg.pack is not None:
+        padded = flops
+
+        def flops() -> float:
+            lens = update.last_lengths
+            if lens is None:
+                return padded
+            fwd = perf.sequence_flops(model.cfg, lens)
+            t = perf.sequence_flops(teacher.cfg, lens) if teacher is not None else 0.0
+            return (cfg.rl.num_iterations * 3 + update.forwards()) * fwd + t
+
     return StepPerf(counts, flops, lambda: perf.peak_flops(cfg.model.dtype), devices)

@@ -163,6 +163,13 @@ def forward_flops(
     return float(rows * per_row)
 
 
+def sequence_flops(cfg: ModelConfig, lengths) -> float:
+    """Model FLOPs of one forward over each of `lengths` (real-token counts) on its own,
+    attention over each sequence's own T x T square and the LM head at its T positions:
+    the work of a packed update, whatever the padding."""
+    return float(sum(forward_flops(cfg, 1, int(t), logits_positions=int(t)) for t in lengths))
+
+
 def update_flops(
     cfg: ModelConfig,
     rows: int,

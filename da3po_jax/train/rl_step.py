@@ -123,12 +123,15 @@ def _resolved(cfg: RLStepConfig, batch: GroupBatch) -> RLStepConfig:
     return dataclasses.replace(cfg, pack=cfg.pack.resolve(row_len))
 
 
-def pack_plan(batch: GroupBatch, valid, cfg: RLStepConfig) -> PackPlan:
+def pack_plan(batch: GroupBatch, valid, cfg: RLStepConfig, *, with_lengths: bool = False):
     """The host-side packing plan of a batch (`cfg.pack` set): every kept response row's
-    (prompt, response) sequence placed in a packed micro-batch of its mini-batch."""
+    (prompt, response) sequence placed in a packed micro-batch of its mini-batch. With
+    `with_lengths`, (plan, the rows' [N * G] sequence lengths, 0 if not packed)."""
     cfg = _resolved(cfg, batch)
     mb_rows = cfg.mini_batch_prompts * cfg.group_size
-    return plan_packing(sequence_lengths(batch, valid), cfg.pack, mb_rows)
+    lens = sequence_lengths(batch, valid)
+    plan = plan_packing(lens, cfg.pack, mb_rows)
+    return (plan, lens) if with_lengths else plan
 
 
 def _advantages(batch, valid, cfg: RLStepConfig, prior, history):
@@ -357,9 +360,8 @@ def rl_update(
       teacher_params, teacher_graphdef: the frozen teacher (`nnx.split` of it; any
         architecture with the student's tokenizer) when `cfg.opd` is set: its log-probs of
         the sampled responses (one forward) give the per-token OPD advantages.
-      pack: the batch's `pack_plan` when `cfg.pack` is set (host arrays are fine).
-      pack_sharding: sharding of the packed micro-batch arrays (static; their leading
-        axis over the batch axes), or None.
+      pack, pack_sharding: with `cfg.pack`, the batch's `pack_plan` and (static) where
+        the packed rows go (the batch axes), or None.
 
     A mini-batch without a valid token (e.g. the trailing slots when dynamic sampling
     stopped at its round cap short of a full batch) leaves parameters *and* optimizer
@@ -379,11 +381,9 @@ def rl_update(
     adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior, batch.history)
     rows = _rows(batch, cfg.group_size, pack)
     rows.update(adv=adv, loss_mask=loss_mask, amplified=amplified)
-    teacher = (teacher_graphdef, teacher_params)
+    teacher, sh = (teacher_graphdef, teacher_params), pack_sharding
     metrics.update(
-        _frozen_forwards(
-            graphdef, state.params, rows, batch, cfg, ref_params, teacher, pack_sharding
-        )
+        _frozen_forwards(graphdef, state.params, rows, batch, cfg, ref_params, teacher, sh)
     )
     params, opt_state, update_metrics = _minibatch_updates(
         graphdef, tx, cfg, state, rows, pack_sharding
@@ -498,6 +498,7 @@ class RLUpdate:
         self.teacher_graphdef, self.teacher_params = teacher or (None, None)
         out = (state_shardings, replicated(mesh)) if mesh is not None else None
         self.mesh = mesh
+        self.last_lengths = None  # packed: the sequence lengths of the last batch (FLOPs)
         self.pack_sharding = None
         if mesh is not None and cfg.pack is not None:
             if cfg.pack.rows % batch_size_divisor(mesh):
@@ -517,7 +518,8 @@ class RLUpdate:
     def __call__(self, state: TrainState, batch: GroupBatch, valid: jax.Array, prior):
         plan = None
         if self.cfg.pack is not None:  # host side: the batch's lengths decide the packing
-            plan = pack_plan(batch, valid, self.cfg)
+            plan, lens = pack_plan(batch, valid, self.cfg, with_lengths=True)
+            self.last_lengths = lens[lens > 0]
             if self.mesh is not None:
                 plan = jax.device_put(plan, replicated(self.mesh))
         return self.fn(

@@ -258,8 +258,14 @@ class StepPerf:
     FLOP/s and MFU (`train/perf.py`)."""
 
     def __init__(
-        self, counts: CompileCounts, update_flops: float, peak: Callable[[], float], devices: int
+        self,
+        counts: CompileCounts,
+        update_flops: float | Callable[[], float],
+        peak: Callable[[], float],
+        devices: int,
     ):
+        """`update_flops`: the update's model FLOPs, or a function giving those of the
+        update just run (a packed update's depend on the batch's lengths)."""
         self.counts, self.update_flops, self._peak, self.devices = (
             counts,
             update_flops,
@@ -269,9 +275,8 @@ class StepPerf:
 
     def __call__(self, step: int, update_seconds: float) -> dict[str, float]:
         metrics = self.counts.check(step)
-        rate = mfu_metrics(
-            self.update_flops, update_seconds, self._peak(), num_devices=self.devices
-        )
+        flops = self.update_flops() if callable(self.update_flops) else self.update_flops
+        rate = mfu_metrics(flops, update_seconds, self._peak(), num_devices=self.devices)
         return {**metrics, **rate}
 
 

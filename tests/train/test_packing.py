@@ -182,10 +182,10 @@ def test_packed_logprobs_equal_the_unpacked_forward():
 # --- the update ----------------------------------------------------------------------
 
 
-def _step(cfg, batch, valid, *, ref=False, teacher=None):
+def _step(cfg, batch, valid, *, ref=False, teacher=None, model_overrides=None):
     """One update with SGD(lr=1): the parameter change is minus the gradient."""
     tx = optax.sgd(1.0)
-    model = init_model(get_preset("tiny-qwen2", vocab_size=V), seed=0)
+    model = init_model(get_preset("tiny-qwen2", vocab_size=V, **(model_overrides or {})), 0)
     graphdef, state = init_train_state(model, tx, 0)
     before = jax.tree.map(np.asarray, state.params)
     ref_params = jax.tree.map(jnp.asarray, before) if ref else None
@@ -242,6 +242,14 @@ def test_packed_update_with_an_opd_teacher():
     cfg = _cfg(opd=OPDConfig())
     met = _assert_same_update(cfg, _batch(3), teacher=nnx.split(teacher))
     assert met["opd/reverse_kl"] != 0.0
+
+
+def test_packed_update_with_remat_and_scanned_layers():
+    """Rematerialised layers (a `jax.checkpoint` inside the packed slots' scan and cond)
+    and the stacked layout under the scan: the padded update of the same model."""
+    cfg = _cfg(recompute_logp_old=True)
+    for overrides in ({"remat": True}, {"remat": True, "scan_layers": True}):
+        _assert_same_update(cfg, _batch(5), model_overrides=overrides)
 
 
 def test_unused_micro_batch_slots_are_skipped():

@@ -51,6 +51,15 @@ def test_forward_flops_by_hand():
     assert forward_flops(HAND.replace(tie_word_embeddings=True), 1, 4) == 7168
 
 
+def test_sequence_flops_count_each_sequence_alone():
+    """A packed update's work: each sequence's own T x T attention and T LM-head positions
+    (no chunk padding), e.g. T = 6: 4608 * 6 / 4 linear + 512 * 36 / 16 attention + LM
+    head 2 * 6 * 8 * 32."""
+    assert perf.sequence_flops(HAND, [4]) == 7168
+    assert perf.sequence_flops(HAND, [4, 6]) == 7168 + 4608 * 6 // 4 + 512 * 36 // 16 + 3072
+    assert perf.sequence_flops(HAND, []) == 0.0
+
+
 def test_update_flops():
     fwd = forward_flops(HAND, 2, 4)
     assert update_flops(HAND, 2, 4, num_iterations=1) == 3 * fwd
@@ -76,7 +85,8 @@ def _xla_flops(cfg: ModelConfig, rows: int, seq_len: int, grad: bool) -> float:
 def test_flops_match_xla_cost_analysis(seq_len, grad):
     # logits_chunk >= T keeps the chunked LM head out of a loop: XLA's cost analysis counts
     # a loop body once, whatever its trip count.
-    cfg = get_preset("tiny-qwen2", logits_chunk=1024)
+    # The dense attention: the blockwise kernel's loops would also be counted once.
+    cfg = get_preset("tiny-qwen2", logits_chunk=1024, attention="naive")
     ours = (
         update_flops(cfg, 3, seq_len, num_iterations=1) if grad else forward_flops(cfg, 3, seq_len)
     )
@@ -177,11 +187,13 @@ def test_mfu_metrics():
 
 
 @pytest.mark.slow
-def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog):
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog, packing):
     """Two steps of the micro config without a mesh (as benchmarks/rl_step.py runs it):
     the update, the DS round and the sampler compile once, in step 1 only (the initial
     state used to be uncommitted, and step 2 compiled all three again), with no
-    recompile warning; the step logs a positive FLOP rate and MFU."""
+    recompile warning; the step logs a positive FLOP rate and MFU: over the padded batch
+    (the same every step) or, packed, over the step's real sequences."""
     from test_train_smoke import HashScorer, micro_config
 
     from da3po_jax.train.build import RunContext, build_trainer
@@ -194,14 +206,17 @@ def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog
     overrides = {
         "train.eval_every": 0,
         "rollout.prompt_buckets": (64,),
-        "rollout.max_new_tokens": 7,
+        "rollout.max_new_tokens": 7 if packing else 9,
+        "rl.packing": packing,
     }
     cfg = resolve_config(micro_config("dapo", **overrides))
     workdir = str(tmp_path)
     tokenizer = tokenizer_for(cfg, workdir)
     encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
     ctx = RunContext(cfg, workdir, tokenizer, encoder, load_datasets(cfg), HashScorer())
-    trainer = build_trainer(ctx, policy_model(cfg, tokenizer))
+    model = policy_model(cfg, tokenizer)
+    model_cfg = model.cfg
+    trainer = build_trainer(ctx, model)
     try:
         with caplog.at_level(logging.WARNING, logger="da3po_jax.train.perf"):
             first, second = trainer.step(), trainer.step()
@@ -212,6 +227,13 @@ def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog
     assert not [r for r in caplog.records if "compiled again" in r.getMessage()]
     for m in (first, second):
         assert m["perf/update_tflops_per_s"] > 0 and 0 < m["perf/update_mfu"] < 1
+    flops = second["perf/update_tflops_per_s"] * 1e12 * second["time/update"]
+    if packing:  # 3 passes' worth of every real sequence of step 2
+        lens = trainer.update.last_lengths
+        assert 0 < len(lens) and (lens < 64 + 7).all()
+        want = 3 * perf.sequence_flops(model_cfg, lens)
+        assert flops == pytest.approx(want, rel=1e-6)
+        return
     # the FLOP count is the same for both steps, so the rates scale with 1 / time
     ratio = first["perf/update_tflops_per_s"] / second["perf/update_tflops_per_s"]
     assert ratio == pytest.approx(second["time/update"] / first["time/update"], rel=1e-6)
