@@ -214,11 +214,11 @@ def _assert_same_update(cfg, batch, valid=None, **kw):
     g_pack, m_pack = _step(cfg, batch, valid, **kw)
     g_pad, m_pad = _step(dataclasses.replace(cfg, pack=None), batch, valid, **kw)
     for a, b in zip(jax.tree.leaves(g_pack), jax.tree.leaves(g_pad), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     assert max(np.abs(a).max() for a in jax.tree.leaves(g_pad)) > 1e-4  # a real gradient
     assert m_pack.keys() == m_pad.keys()
     for k in m_pad:
-        np.testing.assert_allclose(m_pack[k], m_pad[k], atol=1e-5, rtol=1e-4, err_msg=k)
+        np.testing.assert_allclose(m_pack[k], m_pad[k], atol=1e-5, rtol=1e-5, err_msg=k)
     return m_pack
 
 
