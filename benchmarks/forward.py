@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import gc
 import json
 import os
 import platform
@@ -454,10 +456,25 @@ def suite_compile(args) -> dict:
     return result
 
 
-# -------------------------------------------------------------------------- torch suite
+# ------------------------------------------------- what-if patches of the library code
+def _logit_blocks(hs, ts, w, temperature: float, remat: bool):
+    """Log-probs and entropies of hidden blocks hs [n, m..., hidden] with targets ts
+    [n, m...], block by block (`lax.map`), as `models.transformer.chunked_logprobs`."""
+
+    def block(hc, tc):
+        logits = jnp.dot(hc, w, preferred_element_type=jnp.float32) / temperature
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+        entropy = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
+        return picked - lse, entropy
+
+    block = jax.checkpoint(block) if remat else block
+    return jax.lax.map(lambda xs: block(*xs), (hs, ts))
+
+
 def _logprobs_without_remat(h, w, targets, chunk, temperature=1.0):
-    """`models.transformer.chunked_logprobs` with its chunks not rematerialised: each
-    chunk's logits are kept for the backward instead of being recomputed."""
+    """`chunked_logprobs` with its chunks not rematerialised (each chunk's logits are
+    kept for the backward instead of being recomputed)."""
     b, t, _ = h.shape
     chunk = max(1, min(chunk, t))
     n = -(-t // chunk)
@@ -465,17 +482,29 @@ def _logprobs_without_remat(h, w, targets, chunk, temperature=1.0):
     targets = jnp.pad(targets, ((0, 0), (0, n * chunk - t)))
     hs = h.reshape(b, n, chunk, -1).swapaxes(0, 1)
     ts = targets.reshape(b, n, chunk).swapaxes(0, 1)
-
-    def block(xs):
-        logits = jnp.dot(xs[0], w, preferred_element_type=jnp.float32) / temperature
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, xs[1][..., None], axis=-1)[..., 0]
-        entropy = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
-        return picked - lse, entropy
-
-    logp, ent = jax.lax.map(block, (hs, ts))
+    logp, ent = _logit_blocks(hs, ts, w, temperature, remat=False)
     cut = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]  # noqa: E731
     return cut(logp), cut(ent)
+
+
+def _flat_logprobs(tokens_per_chunk: int):
+    """`chunked_logprobs` over the flattened B * T tokens in chunks of `tokens_per_chunk`
+    tokens: the logits GEMM has M = tokens_per_chunk rows whatever B is, and only the
+    flat total is padded (not every row to a multiple of the chunk)."""
+
+    def logprobs(h, w, targets, chunk, temperature=1.0):
+        del chunk
+        b, t, d = h.shape
+        total = b * t
+        c = max(1, min(tokens_per_chunk, total))
+        n = -(-total // c)
+        hs = jnp.pad(h.reshape(total, d), ((0, n * c - total), (0, 0))).reshape(n, c, d)
+        ts = jnp.pad(targets.reshape(total), (0, n * c - total)).reshape(n, c)
+        logp, ent = _logit_blocks(hs, ts, w, temperature, remat=True)
+        cut = lambda x: x.reshape(-1)[:total].reshape(b, t)  # noqa: E731
+        return cut(logp), cut(ent)
+
+    return logprobs
 
 
 @contextlib.contextmanager
@@ -488,17 +517,38 @@ def _patched(module, name: str, value):
         setattr(module, name, old)
 
 
-def _variant(spec: str):
-    """(ModelConfig overrides, context) of a `--variants` entry."""
+def _patch(spec: str):
+    """The context of a what-if patch (`--patch` / `--variants` entry), None if `spec` is
+    not one: no_logits_remat, flat_logprobs=TOKENS, matmul_precision=NAME."""
     from da3po_jax.models import transformer
 
-    if spec == "no_logits_remat":
-        return {}, _patched(transformer, "chunked_logprobs", _logprobs_without_remat)
     key, _, value = spec.partition("=")
+    if key == "no_logits_remat":
+        return _patched(transformer, "chunked_logprobs", _logprobs_without_remat)
+    if key == "flat_logprobs":
+        return _patched(transformer, "chunked_logprobs", _flat_logprobs(int(value)))
     if key == "matmul_precision":
-        return {}, jax.default_matmul_precision(value)
+        return jax.default_matmul_precision(value)
+    return None
+
+
+# -------------------------------------------------------------------------- torch suite
+def _variant(spec: str):
+    """(ModelConfig overrides, context) of a `--variants` entry: a patch, or FIELD=VALUE."""
+    context = _patch(spec)
+    if context is not None:
+        return {}, context
+    key, _, value = spec.partition("=")
     parsed = {"True": True, "False": False}.get(value, int(value) if value.isdigit() else value)
     return {key: parsed}, contextlib.nullcontext()
+
+
+def _release_memory() -> None:
+    """Returns freed heap memory to the OS (glibc), so that the two frameworks, which
+    each allocate a step's activations afresh, do not stack their freed peaks."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _summary(warmup: float, samples: list[float], flops, n_tok, peak) -> dict:
@@ -518,6 +568,7 @@ def _run_variants(args, cfg, state, tokens, flops, n_tok, peak, base_best: float
             compiled = jax.jit(_train_grad(graphdef)).lower(state, tokens).compile()
             warm = _timed(compiled, state, tokens)
             samples = [_timed(compiled, state, tokens) for _ in range(args.iters)]
+        _release_memory()
         out[spec] = _summary(warm, samples, flops, n_tok, peak)
         out[spec]["speedup_vs_ours"] = base_best / min(samples)
         log(f"torch: variant {spec}: {min(samples):.1f} s")
@@ -537,6 +588,7 @@ def suite_torch(args) -> dict:
     runs = {"ours": lambda: _timed(compiled, state, tokens)}
     result = _header(args, cfg, "torch")
     result.update(batch=args.batch, seq=args.seq, matmul_peak_flops=peak, train_flops=flops)
+    result["ours_compiled"] = _memory_stats(compiled)
     if not args.no_torch:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import _torch_qwen as tq
@@ -550,10 +602,12 @@ def suite_torch(args) -> dict:
     for name, run in runs.items():
         log(f"torch: warm-up {name}")
         warm[name] = run()
+        _release_memory()
     samples = {name: [] for name in runs}
     for i in range(args.iters):  # alternating: ours, torch, ours, torch, ...
         for name, run in runs.items():
             samples[name].append(run())
+            _release_memory()
             log(f"torch: {name} sample {i}: {samples[name][-1]:.1f} s")
     for name in runs:
         result[name] = _summary(warm[name], samples[name], flops, n_tok, peak)
@@ -578,6 +632,7 @@ def _parse_args():
     p.add_argument("--logits_chunk", type=int, default=None, help="packing: 128, else preset's")
     p.add_argument("--skip-train", action="store_true", help="forward: prefill only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--patch", default="", help="what-if library patches (see _patch), any suite")
     g = p.add_argument_group("memory")
     g.add_argument("--min_t", type=int, default=1024)
     g.add_argument("--max_t", type=int, default=16384)
@@ -616,7 +671,12 @@ def main() -> None:
         "torch": suite_torch,
     }
     load = os.getloadavg()
-    result = suites[args.suite](args)
+    with contextlib.ExitStack() as stack:
+        for spec in filter(None, args.patch.split(",")):
+            stack.enter_context(_patch(spec))
+        result = suites[args.suite](args)
+    if args.patch:
+        result["patches"] = args.patch.split(",")
     # 1/5/15-minute load averages: the CPU may be shared, which is context for the times.
     result["load_average"] = {"start": load, "end": os.getloadavg()}
     print(json.dumps(result) if args.case else json.dumps(result, indent=2))
