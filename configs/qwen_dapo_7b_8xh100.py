@@ -15,8 +15,8 @@ scores of one such row would be 53 GiB per layer); rollout rounds of 16 prompts 
 eval calls of 8 prompts x 32 samples, the KV cache at 22527 slots being what bounds them.
 
 Planner (python -m da3po_jax.plan, GiB per GPU): params 3.55, optimizer 7.09, grads 7.09,
-batch 0.26, gathered 2.03, kv_cache 38.50, rollout_work 0.39, activations 15.56; rollout
-phase 38.89, train phase 22.66; peak 51.83 GiB = 64.8% of 80 GiB -> fits (usable 90%; on
+batch 0.26, gathered 2.03, kv_cache 38.50, rollout_work 0.41, activations 18.40; rollout
+phase 38.91, train phase 25.49; peak 51.85 GiB = 64.8% of 80 GiB -> fits (usable 90%; on
 GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
 """
 

@@ -11,8 +11,8 @@ rounds of 32 prompts x 16 and eval calls of 16 prompts x 32 samples (KV cache); 
 groups per step in mini-batches of 32, packed micro-batches of 16 rows of 4096 tokens.
 
 Planner (python -m da3po_jax.plan, GiB): params 5.75, optimizer 11.50, grads 11.50, batch
-0.10, kv_cache 55.99, rollout_work 2.02, activations 46.81; rollout phase 58.01, train
-phase 58.31; peak 75.66 GiB = 53.7% of 141 GiB -> fits (usable 90%; on GPUs set
+0.10, kv_cache 55.99, rollout_work 2.12, activations 48.31; rollout phase 58.10, train
+phase 59.81; peak 77.16 GiB = 54.7% of 141 GiB -> fits (usable 90%; on GPUs set
 XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
 """
 

@@ -14,8 +14,8 @@ micro-batches of 16 rows of 4096 tokens (2 per GPU). configs/qwen_dapo_7b_8xh100
 DAPO's full response length on this node with Qwen2.5-7B.
 
 Planner (python -m da3po_jax.plan, GiB per GPU): params 3.55, optimizer 7.09, grads
-7.09, batch 0.01, gathered 2.03, kv_cache 27.99, rollout_work 1.10, activations 8.76;
-rollout phase 29.09, train phase 15.86; peak 41.78 GiB = 52.2% of 80 GiB -> fits (usable
+7.09, batch 0.01, gathered 2.03, kv_cache 27.99, rollout_work 1.12, activations 8.95;
+rollout phase 29.12, train phase 16.05; peak 41.80 GiB = 52.3% of 80 GiB -> fits (usable
 90%; also under JAX's default GPU preallocation of 75%).
 """
 

@@ -42,10 +42,11 @@ What is counted (per device, bytes):
   output, residuals and the four SwiGLU tensors) plus the attention work: for
   `model.attention = naive` the probs and scores b*heads*T*T (compute dtype + f32), for
   the blockwise kernels (every other choice) two blocks of them and three f32 statistics
-  per query, O(T). Plus the chunked logits block b*logits_chunk*vocab*4*3 (logits, probs,
-  their product), the final hidden states in f32 and, packed, 12 f32 values per
-  mini-batch row and column (the scatter indices, the log-probs read back, the loss terms
-  and their gradients).
+  per query, O(T); `auto` resolves per `--device` (cuDNN on GPUs, splash on TPUs), and
+  cuDNN adds its b*T*T segment mask (bool + a compute-dtype bias), O(T^2). Plus the
+  chunked logits block b*logits_chunk*vocab*4*3 (logits, probs, their product), the final
+  hidden states in f32 and, packed, 12 f32 values per mini-batch row and column (the
+  scatter indices, the log-probs read back, the loss terms and their gradients).
 * gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
   time in the compute dtype; 2x for prefetching.
 * batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
@@ -80,6 +81,7 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType
 
+from da3po_jax.models.attention import resolve_impl
 from da3po_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
@@ -97,6 +99,11 @@ DEVICE_GIB: dict[str, float] = {
     "v6e": 32,
     "h100": 80,
     "h200": 141,
+}
+
+# The JAX backend of each device kind (which kernel `model.attention = auto` resolves to).
+DEVICE_BACKEND: dict[str, str] = {"h100": "gpu", "h200": "gpu"} | {
+    k: "tpu" for k in ("v4", "v5e", "v5p", "v6e")
 }
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -330,17 +337,22 @@ def plan_memory(
     heads_dev = _div(mc.num_heads, t)
     kv_dev = _div(mc.num_kv_heads, t)
 
-    naive = cfg.model.get("attention", "auto") == "naive"
+    att_impl = resolve_impl(
+        cfg.model.get("attention", "auto"), DEVICE_BACKEND.get(device, "cpu"), mc.dtype, mc.head_dim
+    )
     att_block = int(cfg.model.get("attention_block", 512))
 
     def attention_bytes(rows: int, seq: int) -> int:
         """Attention work of `rows` sequences of `seq` tokens: the naive path's f32 scores
         and probs [rows, heads, seq, seq]; a blockwise kernel's one block of them (x2 for
-        the backward's dS, dP) and its per-query statistics."""
-        if naive:
+        the backward's dS, dP) and its per-query statistics; cuDNN's is blockwise too, but
+        it takes the segment rule as a [rows, 1, seq, seq] bool mask that it turns into a
+        compute-dtype bias (`models.attention.cudnn_arguments`), O(T^2)."""
+        if att_impl == "naive":
             return rows * heads_dev * seq * seq * (4 + cbytes)
         block = min(att_block, seq)
-        return rows * heads_dev * (2 * block * block * (4 + cbytes) + seq * 4 * 3)
+        blockwise = rows * heads_dev * (2 * block * block * (4 + cbytes) + seq * 4 * 3)
+        return blockwise + (rows * seq * seq * (1 + cbytes) if att_impl == "cudnn" else 0)
 
     # --- rollout phase: KV cache (rollout or eval, the larger) and sampler work buffers
     def cache_bytes(prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
@@ -423,7 +435,7 @@ def plan_memory(
         "rollout_slots": roll_slots,
         "eval_rows": int(cfg.rollout.slots) if continuous else eval_prompts * eval_g,
         "eval_slots": ev_slots,
-        "attention": "naive" if naive else "blockwise (O(T))",
+        "attention": att_impl,
         "packing": packing,
         "micro_rows": micro_rows,
         "micro_rows_per_device": b,

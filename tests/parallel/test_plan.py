@@ -171,3 +171,19 @@ def test_continuous_engine_cache_is_the_slots_cache(shape):
     dev = shape[0] * shape[1]
     batch = group_buffer_nbytes(g, tp, tn, cfg.rl.train_prompts, dev)
     assert plan.batch == batch + group_buffer_nbytes(g, tp, tn, 4 * 32 // g, dev)
+
+
+def test_cudnn_segment_mask_is_counted_on_gpus():
+    """`model.attention = auto` resolves per device kind: cuDNN on a GPU (bf16) adds its
+    [rows, 1, T, T] segment mask (bool + bf16 bias) to each layer's attention work, the
+    TPU's splash kernel and an explicit blockwise choice do not."""
+    cfg = tiny_cfg()
+    cfg.model.dtype = "bfloat16"
+    cfg.model.remat = False
+    gpu, tpu = (plan_memory(cfg, num_devices=1, device=d) for d in ("h100", "v5p"))
+    assert (gpu.info["attention"], tpu.info["attention"]) == ("cudnn", "splash")
+    b, t = gpu.info["micro_rows_per_device"], gpu.info["seq_len"]
+    layers = 2  # tiny-qwen2; without remat (L + 1) layers' attention work is counted
+    assert gpu.activations - tpu.activations == (layers + 1) * b * t * t * (1 + 2)
+    cfg.model.attention = "blockwise"
+    assert plan_memory(cfg, num_devices=1, device="h100").activations == tpu.activations
