@@ -143,6 +143,7 @@ def get_config() -> config_dict.ConfigDict:
     c.reward.incorrect = 0.0
     c.reward.timeout_s = 5.0
     c.reward.num_workers = 2
+    c.reward.verifier = "builtin"  # builtin | math_verify (needs: pip install math-verify)
 
     c.optim = config_dict.ConfigDict()
     c.optim.lr = 1e-6

@@ -13,21 +13,34 @@ Model output is never evaluated as code: answers are parsed by a whitelist parse
 at a hard per-response timeout.
 """
 
-from da3po_jax.rewards.extract import extract_answer, extract_answer_line, extract_boxed
+from da3po_jax.rewards.extract import (
+    extract_answer,
+    extract_answer_line,
+    extract_boxed,
+    extract_boxes,
+)
 from da3po_jax.rewards.latex import ParseError, eval_rational, parse_math
 from da3po_jax.rewards.normalize import normalize_answer
 from da3po_jax.rewards.numeric import parse_number
 from da3po_jax.rewards.scorer import (
     STATUSES,
+    VERIFIERS,
     BatchScores,
     RewardScorer,
     ScoreResult,
     score_batch,
 )
-from da3po_jax.rewards.verify import fast_verdict, is_equivalent, split_sequence, symbolic_equal
+from da3po_jax.rewards.verify import (
+    fast_verdict,
+    is_equivalent,
+    split_sequence,
+    symbolic_equal,
+    symbolic_equations_equal,
+)
 
 __all__ = [
     "STATUSES",
+    "VERIFIERS",
     "BatchScores",
     "ParseError",
     "RewardScorer",
@@ -36,6 +49,7 @@ __all__ = [
     "extract_answer",
     "extract_answer_line",
     "extract_boxed",
+    "extract_boxes",
     "fast_verdict",
     "is_equivalent",
     "normalize_answer",
@@ -44,4 +58,5 @@ __all__ = [
     "score_batch",
     "split_sequence",
     "symbolic_equal",
+    "symbolic_equations_equal",
 ]

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["extract_answer", "extract_answer_line", "extract_boxed", "find_closing_brace"]
+__all__ = [
+    "MAX_BOXES",
+    "extract_answer",
+    "extract_answer_line",
+    "extract_boxed",
+    "extract_boxes",
+    "find_closing_brace",
+]
+
+MAX_BOXES = 32  # a response with more boxes is not read as one answer set
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # `answer` as a word followed by a colon. No nested quantifiers: linear time.
@@ -29,6 +38,7 @@ _MARKDOWN_CHARS = "*_ \t"
 _BLANKS_RE = re.compile(r"[ \t]*")
 _BARE_ARGUMENT_RE = re.compile(r"[^ \t\n$]*")
 _ANSWER_LEAD_RE = re.compile(r"[\s*_]*")  # whitespace (as `str.isspace`) and markdown
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 
 
 def find_closing_brace(text: str, open_index: int, max_len: int | None = None) -> int | None:
@@ -186,3 +196,41 @@ def extract_answer(text: str, max_chars: int | None = None) -> str | None:
     if answer is not None and max_chars is not None and len(answer) > max_chars:
         return None
     return answer
+
+
+def extract_boxes(text: str, max_chars: int | None = None) -> list[str] | None:
+    """Returns the contents of every outermost box in `text`, in order.
+
+    Used when the reference is a set of several answers and the model boxed each element
+    separately (`\\boxed{1}` and `\\boxed{2}`). A box inside another box is part of the
+    outer one. Bounded work: one regex pass, then at most `MAX_BOXES` brace scans of at most
+    `max_chars` characters each.
+
+    Args:
+      text: a model response.
+      max_chars: as in `extract_answer`: a longer box is malformed.
+
+    Returns:
+      The stripped contents, or None if there are more than `MAX_BOXES` box commands or any
+      outermost box is malformed or empty.
+    """
+    starts = []
+    for m in _BOX_RE.finditer(text):
+        if len(starts) == MAX_BOXES:
+            return None
+        starts.append(m)
+    contents = []
+    covered = -1  # end of the last outermost box: later commands before it are nested
+    for m in starts:
+        if m.start() <= covered:
+            continue
+        i = _BLANKS_RE.match(text, m.end()).end()
+        if i >= len(text) or text[i] != "{":
+            return None
+        close = find_closing_brace(text, i, max_chars)
+        content = None if close is None else text[i + 1 : close].strip()
+        if not content:
+            return None
+        contents.append(content)
+        covered = close
+    return contents

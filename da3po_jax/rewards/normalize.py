@@ -5,17 +5,21 @@ answers already match as strings and never need sympy:
 
 * math delimiters (`$`, `\\(`, `\\[`), `\\displaystyle`, a whole-answer `\\boxed{}`, outer
   braces and a trailing `.` are removed;
-* `\\dfrac`/`\\tfrac` become `\\frac`; `\\frac12` becomes `\\frac{1}{2}`, `\\sqrt2`
+* `\\dfrac`/`\\tfrac`/`\\cfrac` become `\\frac`; `\\frac12` becomes `\\frac{1}{2}`, `\\sqrt2`
   becomes `\\sqrt{2}`, a whole-answer `a/b` of integers becomes `\\frac{a}{b}`;
 * `\\left`/`\\right`/`\\big`, spacing commands (`\\,`, `\\!`, `\\quad`, `~`) and all
   whitespace go (one space is kept between a command and a following letter: `\\pi r`);
 * `\\text{}`-like groups are unwrapped, except a trailing group of plain words after some
   math, which is a unit (`5\\text{ cm}` -> `5`); trailing unit words (`5 cm`, `12 dollars`),
-  degrees (`^\\circ`) and percent signs are removed, so `50\\%` matches `50` (but *not*
-  `0.5`: a percentage and a fraction are different answers to most questions);
+  degrees (`^\\circ`) and percent signs (`\\%`, `28 percent`) are removed, so `50\\%`
+  matches `50` (but *not* `0.5`: a percentage and a fraction are different answers to most
+  questions);
 * thousands separators are removed only when the whole answer is one number
   (`1,000`, `1{,}000`, `1\\,000`), never inside tuples: `(1,000)` stays a pair;
-* `x = 5` (a single short variable on the left) becomes `5`;
+* `x = 5` (a single short variable on the left) becomes `5` (unless `strip_label=False`);
+* a leading `the answer is` goes; `;`, `\\cup` and the words `or` / `and` between answers
+  become commas (`(11,7) or (7,11)` -> `(11,7),(7,11)`, a list `verify` treats as a set);
+* ASCII relations become LaTeX (`>=` -> `\\geq`, `<=` -> `\\leq`, `!=` -> `\\neq`);
 * a few Unicode symbols become LaTeX (`π`, `√`, `−`, `×`, `≤`); pure words are lowercased.
 
 Every step is a linear scan or a regex without nested or adjacent unbounded quantifiers over
@@ -54,6 +58,12 @@ _UNICODE = {
 _LITERAL = (
     ("\\dfrac", "\\frac"),
     ("\\tfrac", "\\frac"),
+    ("\\cfrac", "\\frac"),
+    ("\\geqslant", "\\geq "),
+    ("\\leqslant", "\\leq "),
+    (">=", "\\geq "),
+    ("<=", "\\leq "),
+    ("!=", "\\neq "),
     ("\\dbinom", "\\binom"),
     ("\\tbinom", "\\binom"),
     ("\\displaystyle", ""),
@@ -70,9 +80,10 @@ _LITERAL = (
     ("%", ""),
     ("{,}", ","),
     ("**", "^"),
+    ("\\cup", ","),
 )
 _SIZING_RE = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)(?![a-zA-Z])")
-_SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:en|thin)space(?![a-zA-Z])|~")
+_SPACING_RE = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:en|thin)space(?![a-zA-Z])|~")
 _RELATION_RE = re.compile(r"\\(le|ge|ne)(?![a-zA-Z])")
 _TEXT_RE = re.compile(
     r"\\(?:text|textbf|textrm|textit|textnormal|textup|mathrm|mathbf|mathit|mbox|hbox)\s*\{"
@@ -92,6 +103,12 @@ _FRAC_FIXES = (
 _SLASH_FRACTION_RE = re.compile(r"([+-]?)(\d+)/(\d+)")
 _LEADING_DOT_RE = re.compile(r"(?<![\d}])\.(\d)")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
+# "The answer is ...", "so the final answer is: ..." before an answer (anchored: linear).
+_ANSWER_PHRASE_RE = re.compile(
+    r"(?:(?:so|thus|hence|therefore),?\s+)?(?:the\s+)?(?:final\s+)?answer\s+is\s*:?",
+    re.IGNORECASE,
+)
+_SEPARATOR_WORDS = frozenset({"or", "and"})
 
 UNIT_WORDS = frozenset(
     """
@@ -100,7 +117,7 @@ UNIT_WORDS = frozenset(
     miles degree degrees deg dollar dollars cent cents second seconds sec minute minutes min
     hour hours hr hrs day days week weeks month months year years gram grams g kg kilogram
     kilograms pound pounds lb lbs ounce ounces oz liter liters litre litres ml mph people
-    students ways cups cup points
+    students ways cups cup points percent
 """.split()
 )
 
@@ -252,6 +269,40 @@ def _strip_equation_lhs(s: str) -> str:
     return s
 
 
+def _split_alternatives(s: str) -> str:
+    """Turns `;` and the words `or` / `and` between answers into commas (a bare list).
+
+    `(11,7) or (7,11)`, `-12; -11; -10` and `1, 2, and 3` all become comma lists, which
+    `verify` compares as unordered sets; trailing unit words are removed from each part
+    (`5 cm and 6 cm`). Works on whitespace-separated words (one linear `str.split`), so a
+    long run of spaces or of `or` words costs a single pass.
+    """
+    if ";" in s:
+        s = s.replace(";", ",")
+    words = s.split()
+    if not any(w.lower() in _SEPARATOR_WORDS for w in words):
+        return _strip_trailing_units(s)
+    parts: list[str] = []
+    current: list[str] = []
+    for w in words + ["or"]:
+        if w.lower() not in _SEPARATOR_WORDS:
+            current.append(w)
+            continue
+        part = _strip_trailing_units(" ".join(current)).strip().strip(",")
+        if part:
+            parts.append(part)
+        current = []
+    if len(parts) < 2:  # a lone `or`, or `1 and`: not a list of answers
+        return _strip_trailing_units(s)
+    return ",".join(parts)
+
+
+def _strip_answer_phrase(s: str) -> str:
+    """`The answer is Monday` -> `Monday` (a leading phrase that only announces the answer)."""
+    m = _ANSWER_PHRASE_RE.match(s)
+    return s[m.end() :].strip() if m is not None else s
+
+
 def _latex_cleanup(s: str) -> str:
     """Delimiters, sizing and spacing commands, relation spellings, text groups, units."""
     for k, v in _UNICODE.items():
@@ -263,23 +314,27 @@ def _latex_cleanup(s: str) -> str:
     s = _SIZING_RE.sub("", s)
     s = _SPACING_RE.sub(" ", s)
     s = _RELATION_RE.sub(lambda m: "\\" + m.group(1) + "q", s)
-    s = _strip_box(s.strip())
+    s = _strip_box(_strip_answer_phrase(s.strip()))
     s = _replace_text_groups(s)
-    s = _strip_trailing_units(s)
+    s = _strip_answer_phrase(s.strip())
+    s = _split_alternatives(s)
     return s.strip()
 
 
-def normalize_answer(answer: str) -> str:
+def normalize_answer(answer: str, strip_label: bool = True) -> str:
     """Returns the canonical string form of an answer (see the module docstring).
 
     Args:
       answer: an extracted model answer or a reference answer.
+      strip_label: drop a single-variable left side (`x = 5` -> `5`). `verify` also
+        normalises with False to compare whole equations (`y = 2x` against `2x - y = 0`).
 
     Returns:
       The normalised string (possibly empty).
     """
     s = _latex_cleanup(answer)
-    s = _strip_equation_lhs(s)
+    if strip_label:
+        s = _strip_equation_lhs(s)
     if _THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "")
     s = _WHITESPACE_RE.sub(lambda m: m.group(1) + " " if m.group(1) else "", s)

@@ -1,7 +1,9 @@
 """Batch reward scoring with a hard per-response timeout in killable worker processes.
 
 `RewardScorer.score_batch(responses, references)` extracts each response's final answer
-(`extract_answer`), then decides equivalence with the reference:
+(`extract_answer`; when the reference is a set of several answers and the final answer is the
+last of several boxes, all the boxes together, `extract_boxes`), then decides equivalence with
+the reference:
 
 * a response longer than `MAX_RESPONSE_CHARS`, or whose answer is longer than
   `MAX_ANSWER_CHARS`, scores `incorrect_reward` with status "no_answer" (no usable answer)
@@ -12,6 +14,10 @@
   a hard timeout: a worker that runs past `timeout_s` is killed (SIGKILL) and replaced, and
   its response scores `incorrect_reward` with status "timeout". A worker that crashes scores
   status "error". Identical (answer, reference) pairs in a batch are checked once.
+
+With `verifier="math_verify"` every extracted answer is checked by Math-Verify
+(`math_verify_backend`) in the workers instead, under the same timeout and with no parent
+fast path.
 
 What bounds the work on model output. The parent process has no timeout (it runs JAX and
 cannot interrupt itself), so everything it does with a response is linear in bounded sizes:
@@ -55,13 +61,16 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from da3po_jax.rewards.extract import extract_answer
-from da3po_jax.rewards.verify import fast_verdict, is_equivalent
+from da3po_jax.rewards.extract import extract_answer, extract_boxes
+from da3po_jax.rewards.math_verify_backend import math_verify_equivalent, require_math_verify
+from da3po_jax.rewards.normalize import normalize_answer
+from da3po_jax.rewards.verify import fast_verdict, is_equivalent, split_sequence
 
 __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_RESPONSE_CHARS",
     "STATUSES",
+    "VERIFIERS",
     "BatchScores",
     "RewardScorer",
     "ScoreResult",
@@ -69,6 +78,7 @@ __all__ = [
 ]
 
 STATUSES = ("ok", "no_answer", "timeout", "error")
+VERIFIERS = ("builtin", "math_verify")
 # A longer extracted answer is no answer ("no_answer"): real final answers are far shorter,
 # and every string stage past this size (parser, numbers, tuples) gives up anyway.
 MAX_ANSWER_CHARS = 4_096
@@ -86,8 +96,9 @@ class ScoreResult:
     Attributes:
       correct: whether the extracted answer is equivalent to the reference.
       reward: `correct_reward` if correct else `incorrect_reward`.
-      extracted: the extracted final answer, or None if there is none (or it is past the
-        size caps).
+      extracted: the extracted final answer (several boxes joined with ", " when the
+        reference is a set of answers), or None if there is none (or it is past the size
+        caps).
       status: "ok" (verification finished), "no_answer" (nothing extracted, or the response
         or its answer is past `MAX_RESPONSE_CHARS` / `MAX_ANSWER_CHARS`), "timeout"
         (verification ran past the time limit) or "error" (verification crashed).
@@ -147,6 +158,8 @@ def _worker_main(conn: Any, verify_fn: VerifyFn | None, memory_limit_mb: int | N
     if verify_fn is None:
         verify_fn = is_equivalent
         is_equivalent("\\sqrt{2}+x", "x+\\sqrt{3}")  # warm up sympy before reporting ready
+    elif verify_fn is math_verify_equivalent:
+        verify_fn("\\sqrt{2}+x", "x+\\sqrt{3}")  # imports and warms up Math-Verify
     _limit_memory(memory_limit_mb)
     conn.send(("ready", os.getpid()))
     while True:
@@ -314,6 +327,9 @@ class RewardScorer:
       verify_fn: optional custom `(answer, reference) -> bool`, a picklable module-level
         function. When given it replaces the math check entirely (no parent fast path):
         every extracted answer goes to a worker.
+      verifier: "builtin" (this package's verifier: fast path in the parent, sympy in the
+        workers) or "math_verify" (Math-Verify in the workers for every answer, under the
+        same timeout; needs `pip install math-verify`). Ignored when `verify_fn` is given.
       start_method: multiprocessing start method: "forkserver" or "spawn" ("fork" is unsafe
         with JAX's threads).
       memory_limit_mb: address space a worker may add after start-up; None for no limit.
@@ -331,7 +347,13 @@ class RewardScorer:
         start_method: str = "forkserver",
         memory_limit_mb: int | None = 2048,
         startup_timeout_s: float = 120.0,
+        verifier: str = "builtin",
     ):
+        if verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
+        if verifier == "math_verify" and verify_fn is None:
+            require_math_verify()
+            verify_fn = math_verify_equivalent
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
         if not timeout_s > 0:
@@ -342,6 +364,7 @@ class RewardScorer:
         self.correct_reward = float(correct_reward)
         self.incorrect_reward = float(incorrect_reward)
         self.verify_fn = verify_fn
+        self.verifier = verifier
         self._pool = _Pool(num_workers, verify_fn, start_method, memory_limit_mb, startup_timeout_s)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool.workers)
 
@@ -360,11 +383,32 @@ class RewardScorer:
         return self.score_batch([response], [reference]).results[0]
 
     @staticmethod
-    def _extract(response: Any) -> str | None:
-        """The response's answer, or None if there is none or it is past the size caps."""
+    def _extract(response: Any, answer_set: bool) -> str | None:
+        """The response's answer, or None if there is none or it is past the size caps.
+
+        With `answer_set` (the reference is an unordered set of several answers), a response
+        whose final answer is the last of several boxes answers with all of them:
+        `\\boxed{1}` and `\\boxed{2}` is `1, 2`.
+        """
         if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
             return None
-        return extract_answer(response, max_chars=MAX_ANSWER_CHARS)
+        answer = extract_answer(response, max_chars=MAX_ANSWER_CHARS)
+        if answer is None or not answer_set:
+            return answer
+        boxes = extract_boxes(response, max_chars=MAX_ANSWER_CHARS)
+        if not boxes or len(boxes) < 2 or boxes[-1] != answer:
+            return answer
+        joined = ", ".join(boxes)
+        return joined if len(joined) <= MAX_ANSWER_CHARS else answer
+
+    @staticmethod
+    def _is_answer_set(reference: str) -> bool:
+        """Whether the reference is a list or set (unordered) of several answers."""
+        try:
+            parts = split_sequence(normalize_answer(reference))
+        except Exception:  # a bug must not stop training: read boxes the usual way
+            return False
+        return parts is not None and parts[0] in ("", "{}")
 
     def _decide_fast(self, answer: str, reference: str) -> tuple[str, bool] | None:
         if self.verify_fn is not None:
@@ -397,7 +441,11 @@ class RewardScorer:
         for ref in references:
             if not isinstance(ref, str):
                 raise TypeError(f"references must be strings, got {type(ref).__name__}")
-        answers = [self._extract(r) for r in responses]
+        answer_sets: dict[str, bool] = {}
+        for ref in references:
+            if ref not in answer_sets:
+                answer_sets[ref] = self._is_answer_set(ref)
+        answers = [self._extract(r, answer_sets[ref]) for r, ref in zip(responses, references)]
         decided: dict[tuple[str, str], tuple[str, bool]] = {}
         tasks: list[_Task] = []
         for answer, ref in zip(answers, references):
@@ -451,6 +499,7 @@ def score_batch(
     num_workers: int = 2,
     correct_reward: float = 1.0,
     incorrect_reward: float = 0.0,
+    verifier: str = "builtin",
 ) -> BatchScores:
     """One-shot `RewardScorer(...).score_batch(...)`; the workers are stopped afterwards.
 
@@ -462,5 +511,6 @@ def score_batch(
         timeout_s=timeout_s,
         correct_reward=correct_reward,
         incorrect_reward=incorrect_reward,
+        verifier=verifier,
     ) as s:
         return s.score_batch(responses, references)

@@ -1,33 +1,64 @@
-"""Answer equivalence: normalised string match, then exact numbers, then sympy.
+"""Answer equivalence: normalised string match, then answer forms, exact numbers, then sympy.
 
 The check runs in stages, cheapest first, and each stage either decides or passes on:
 
-1. the normalised strings are equal (`normalize_answer`) -> equivalent;
-2. tuples, intervals and lists (a top-level comma) are compared element by element: the
-   brackets must agree (`(1, 2)` is not `[1, 2]`), tuples and intervals in order, bare lists
-   and `\\{...\\}` sets in any order;
-3. both sides are plain numbers (`parse_number`: integers, decimals, fractions, scientific
+1. the normalised strings are equal (`normalize_answer`) -> equivalent; a decimal comma is
+   read as a point first when that is the only sensible reading (`1,22` against `1.22`);
+2. answer forms (`forms`): matrices entry by entry (`pmatrix` is `bmatrix`); a relation
+   that bounds one variable becomes its interval (`x > 3` is `(3,\\infty)`, `5 \\leq x` is
+   `x \\geq 5`), other relations compare side by side, directly or mirrored;
+3. tuples, intervals and lists (a top-level comma; `;`, `or`, `and` and `\\cup` separate
+   answers too) are compared element by element: the brackets must agree (`(1, 2)` is not
+   `[1, 2]`), tuples and intervals in order, bare lists and `\\{...\\}` sets in any order; a
+   labelled element (`AB=4`) matches a bare value, two labelled elements need equal labels;
+4. both sides are plain numbers (`parse_number`: integers, decimals, fractions, scientific
    notation, exact `Fraction`s) -> equal iff the values are equal;
-4. both sides parse with the whitelist parser (`latex.parse_math`) and evaluate to rationals
+5. both sides parse with the whitelist parser (`latex.parse_math`) and evaluate to rationals
    -> equal iff the values are equal; an answer outside the parser's subset (words,
    relations, past a size cap) can only match by string, so -> not equivalent;
-5. otherwise sympy decides (`symbolic_equal`): the difference is zero after automatic
+6. otherwise sympy decides (`symbolic_equal`): the difference is zero after automatic
    evaluation, or after `sympy.simplify`, or, with no free symbols, numerically to 1e-40.
+   Two equations (`y=-\\frac{1}{2}x+\\frac{3}{4}` and `2x+4y-3=0`) are equal when `lhs - rhs`
+   of one is a non-zero constant multiple of the other's (`symbolic_equations_equal`).
 
-Stages 1-4 are pure Python with bounded cost and are what `fast_verdict` runs in the parent
-process; only stage 5 can be slow, and `RewardScorer` runs it in worker processes under a hard
-timeout. Numbers compare exactly: `0.333` is not `1/3`, and `50\\%` is `50`, not `0.5`.
+Stages 1-5 are pure Python with bounded cost and are what `fast_verdict` runs in the parent
+process; only stage 6 can be slow, and `RewardScorer` runs it in worker processes under a hard
+timeout. Numbers compare exactly (`50\\%` is `50`, not `0.5`), with one exception for rounded
+decimals: a decimal with at least 4 digits after the point and at least 4 significant digits
+matches an exact rational written as a fraction or expression that rounds to it
+(`|decimal - value| <= 0.5 * 10^-k` for k decimals): `2.6667` and `0.3333` match `\\frac{8}{3}`
+and `\\frac{1}{3}`, while `0.333` and `0.33` do not match `\\frac{1}{3}`, two decimals always
+compare exactly, and an irrational value (`\\pi`, `\\sqrt{2}`) still needs an exact form.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from da3po_jax.rewards.forms import (
+    MIRROR,
+    as_interval,
+    decimal_comma,
+    equation_sides,
+    equations_equal,
+    has_relation,
+    is_plain_decimal,
+    matrix_entries,
+    relation_parts,
+    rounds_to,
+    split_label,
+)
 from da3po_jax.rewards.latex import Node, ParseError, eval_rational, parse_math, to_sympy
 from da3po_jax.rewards.normalize import normalize_answer
 from da3po_jax.rewards.numeric import TooLarge, parse_number
 
-__all__ = ["fast_verdict", "is_equivalent", "split_sequence", "symbolic_equal"]
+__all__ = [
+    "fast_verdict",
+    "is_equivalent",
+    "split_sequence",
+    "symbolic_equal",
+    "symbolic_equations_equal",
+]
 
 MAX_SEQUENCE_CHARS = 2_000
 MAX_SEQUENCE_ITEMS = 32
@@ -139,6 +170,15 @@ def _value_node(s: str) -> tuple[Node, Any]:
     return node, eval_rational(node)
 
 
+def _rounded_match(p: str, pv: Any, r: str, rv: Any) -> bool:
+    """A long decimal on one side that the exact value on the other rounds to (`2.6667`)."""
+    if is_plain_decimal(p) and not is_plain_decimal(r):
+        return rounds_to(p, rv)
+    if is_plain_decimal(r) and not is_plain_decimal(p):
+        return rounds_to(r, pv)
+    return False
+
+
 def _scalar_verdict(p: str, r: str, symbolic: bool) -> bool | None:
     if p == r:
         return True
@@ -149,21 +189,114 @@ def _scalar_verdict(p: str, r: str, symbolic: bool) -> bool | None:
     except (ParseError, TooLarge, RecursionError):
         return False
     if pv is not None and rv is not None:
-        return pv == rv
+        return pv == rv or _rounded_match(p, pv, r, rv)
     if not symbolic:
         return None
     return symbolic_equal(pn, rn)
+
+
+def _matrix_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
+    pm, rm = matrix_entries(p), matrix_entries(r)
+    if pm is None or rm is None or pm[0] != rm[0] or level >= MAX_SEQUENCE_NESTING:
+        return False
+    (_, prows), (_, rrows) = pm, rm
+    if [len(row) for row in prows] != [len(row) for row in rrows]:
+        return False
+    undecided = False
+    for prow, rrow in zip(prows, rrows):
+        for a, b in zip(prow, rrow):
+            v = _verdict(a, b, symbolic, level + 1)
+            if v is False:
+                return False
+            undecided |= v is None
+    return None if undecided else True
+
+
+def _relation_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
+    """Relations that are not intervals: side by side, directly or mirrored."""
+    pp, rp = relation_parts(p), relation_parts(r)
+    if pp is None or rp is None or level >= MAX_SEQUENCE_NESTING:
+        return False
+    (ps, pops), (rs, rops) = pp, rp
+    if len(pops) != len(rops):
+        return False
+    candidates = []
+    if pops == rops:
+        candidates.append(rs)
+    if pops == [MIRROR[op] for op in reversed(rops)]:
+        candidates.append(rs[::-1])
+    undecided = False
+    for sides in candidates:
+        verdicts = [_verdict(a, b, symbolic, level + 1) for a, b in zip(ps, sides)]
+        if all(v is True for v in verdicts):
+            return True
+        undecided |= False not in verdicts
+    return None if undecided else False
+
+
+def _label_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
+    """`AB=4` against `4` (the value decides) or `AB=4` (the labels must agree too)."""
+    (pl, pv), (rl, rv) = split_label(p), split_label(r)
+    if pl is not None and rl is not None and pl != rl:
+        return False
+    return _verdict(pv, rv, symbolic, level)
 
 
 def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
     p, r = p.strip(), r.strip()
     if p == r:
         return True
-    if len(p) <= MAX_SEQUENCE_CHARS and len(r) <= MAX_SEQUENCE_CHARS:
-        ps, rs = split_sequence(p), split_sequence(r)
-        if ps is not None or rs is not None:
-            return _sequence_verdict(ps, rs, symbolic, level)
+    if len(p) > MAX_SEQUENCE_CHARS or len(r) > MAX_SEQUENCE_CHARS:
+        return _scalar_verdict(p, r, symbolic)
+    if "\\begin" in p or "\\begin" in r:
+        return _matrix_verdict(p, r, symbolic, level)
+    p, r = (as_interval(p) or p), (as_interval(r) or r)
+    ps, rs = split_sequence(p), split_sequence(r)
+    if ps is not None or rs is not None:
+        return _sequence_verdict(ps, rs, symbolic, level)
+    (pk, pi), (rk, ri) = _enclosing(p), _enclosing(r)
+    if (pk == "{}") != (rk == "{}") and level < MAX_SEQUENCE_NESTING:  # `\{0\}` is `0`
+        return _verdict(pi if pk == "{}" else p, ri if rk == "{}" else r, symbolic, level + 1)
+    if has_relation(p) or has_relation(r):
+        return _relation_verdict(p, r, symbolic, level)
+    if split_label(p)[0] is not None or split_label(r)[0] is not None:
+        return _label_verdict(p, r, symbolic, level)
     return _scalar_verdict(p, r, symbolic)
+
+
+def _equation_verdict(pred: str, ref: str, symbolic: bool) -> bool | None:
+    """Whole equations (`y=2x+1` against `2x-y+1=0`), or None/False when not both equations.
+
+    Skipped when both left sides are the same label: the label-stripped comparison already
+    compared the right sides.
+    """
+    p, r = normalize_answer(pred, strip_label=False), normalize_answer(ref, strip_label=False)
+    pe, re_ = equation_sides(p), equation_sides(r)
+    if pe is None or re_ is None:
+        return False
+    if pe[0] == re_[0] and split_label(p)[0] is not None:
+        return False
+    try:
+        nodes = [parse_math(side) for side in (*pe, *re_)]
+    except (ParseError, RecursionError):
+        return False
+    if not symbolic:
+        return None
+    return symbolic_equations_equal(nodes[:2], nodes[2:])
+
+
+def _top_verdict(pred: str, ref: str, symbolic: bool) -> bool | None:
+    """The whole check: normalise, read a decimal comma, compare, then try equations."""
+    p, r = normalize_answer(pred), normalize_answer(ref)
+    p = decimal_comma(p, r) or p
+    r = decimal_comma(r, p) or r
+    verdict = _verdict(p, r, symbolic)
+    if verdict is True or "=" not in pred or "=" not in ref:
+        return verdict
+    equations = _equation_verdict(pred, ref, symbolic)
+    if equations is True:
+        return True
+    return None if None in (verdict, equations) else False
 
 
 def fast_verdict(pred: str, ref: str) -> bool | None:
@@ -176,7 +309,7 @@ def fast_verdict(pred: str, ref: str) -> bool | None:
     Returns:
       True or False when decided, None when only the symbolic stage can tell.
     """
-    return _verdict(normalize_answer(pred), normalize_answer(ref), symbolic=False)
+    return _top_verdict(pred, ref, symbolic=False)
 
 
 def is_equivalent(pred: str, ref: str) -> bool:
@@ -192,7 +325,7 @@ def is_equivalent(pred: str, ref: str) -> bool:
     Returns:
       Whether the answers are mathematically equivalent.
     """
-    return bool(_verdict(normalize_answer(pred), normalize_answer(ref), symbolic=True))
+    return bool(_top_verdict(pred, ref, symbolic=True))
 
 
 def _is_tiny(sympy: Any, diff: Any, scale: Any) -> bool:
@@ -244,3 +377,18 @@ def symbolic_equal(a: Node, b: Node) -> bool:
     if diff.free_symbols or x.free_symbols or y.free_symbols:
         return False
     return _is_tiny(sympy, diff, x)
+
+
+def symbolic_equations_equal(a: list[Node], b: list[Node]) -> bool:
+    """Whether two equations, given as `[lhs, rhs]` ASTs, are equal up to a non-zero factor.
+
+    See `forms.equations_equal`; False if a side would be too large to build.
+    """
+    import sympy
+
+    try:
+        x = (to_sympy(a[0]), to_sympy(a[1]))
+        y = (to_sympy(b[0]), to_sympy(b[1]))
+    except (TooLarge, ZeroDivisionError):
+        return False
+    return equations_equal(sympy, x, y)

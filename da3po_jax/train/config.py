@@ -158,6 +158,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "ra_opd.baseline": _choice("none", "group_mean"),
     "reward.timeout_s": _positive,
     "reward.num_workers": _non_negative,
+    "reward.verifier": _choice("builtin", "math_verify"),
     "optim.lr": _positive,
     "optim.warmup_steps": _non_negative,
     "optim.schedule": _choice("constant", "cosine"),
