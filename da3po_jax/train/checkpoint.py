@@ -205,23 +205,61 @@ class Checkpointer:
         Raises:
           DamagedCheckpoint: unreadable, digest mismatch, or non-finite where `finite`.
         """
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-            abstract_tree,
-        )
         host = dict(self._read_host(step) if host is None else host)
+        tree = self._restore_state(step, ocp.args.StandardRestore(_target(abstract_tree)))
+        self._verify(step, tree, host)
+        host.pop(_DIGEST_KEY, None)
+        return tree, host
+
+    def restore_subtree(
+        self, step: int, path: Sequence[Any], abstract_subtree: Any
+    ) -> tuple[Any, dict[str, Any]]:
+        """Restores and verifies only the subtree at `path` of step `step`, e.g. the
+        policy's parameters without the optimizer state and carry, which are neither
+        read nor allocated (orbax's partial restore).
+
+        `path` is the JAX key path of the subtree in the saved tree (`DictKey("train"),
+        GetAttrKey("params")` for `{"train": TrainState}`): its form names the saved
+        leaves whose digests and finiteness are checked, exactly as `restore` checks all.
+
+        Raises:
+          DamagedCheckpoint: unreadable, digest mismatch, or non-finite where `finite`.
+        """
+        host = dict(self._read_host(step))
+        target = _target(abstract_subtree)
+        names = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
+        for name in reversed(names):
+            target = {name: target}
+        args = ocp.args.PyTreeRestore(
+            target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        )
+        tree = self._restore_state(step, args)
+        for name in names:
+            tree = tree[name]
+        self._verify(step, tree, host, prefix=jax.tree_util.keystr(tuple(path)))
+        host.pop(_DIGEST_KEY, None)
+        return tree, host
+
+    def _restore_state(self, step: int, args: ocp.args.CheckpointArgs) -> Any:
         try:
-            out = self._manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
-            )
+            out = self._manager.restore(step, args=ocp.args.Composite(state=args))
         except Exception as e:  # orbax raises many types; all mean "not this run's"
             raise DamagedCheckpoint(
                 f"cannot restore {self._path(step)!r} into this run ({_brief(e)})"
             ) from e
-        tree = out["state"]
+        return out["state"]
+
+    def _verify(self, step: int, tree: Any, host: dict[str, Any], prefix: str = "") -> None:
+        """Checks `tree`, the saved tree's part at key path `prefix`, against the digests
+        written with it (those of its leaves only) and the finiteness rule."""
         digest, nonfinite = tree_digest(tree)
+        digest = {prefix + k: d for k, d in digest.items()}
+        nonfinite = {prefix + k: n for k, n in nonfinite.items()}
         saved = host.get(_DIGEST_KEY)
         if isinstance(saved, dict):
+            saved = {k: d for k, d in saved.items() if _under(k, prefix)}
             wrong = sorted(k for k in digest.keys() | saved.keys() if digest.get(k) != saved.get(k))
             if wrong:
                 raise DamagedCheckpoint(
@@ -233,8 +271,6 @@ class Checkpointer:
             raise DamagedCheckpoint(
                 f"{self._path(step)!r} holds non-finite values in {', '.join(bad[:3])}"
             )
-        host.pop(_DIGEST_KEY, None)
-        return tree, host
 
     def restore_latest(
         self, abstract_tree: Any, check_host: Callable[[dict[str, Any]], None] | None = None
@@ -309,6 +345,19 @@ class _LastError(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info and record.exc_info[1] is not None:
             self.message = _brief(record.exc_info[1], limit=500)
+
+
+def _target(abstract_tree: Any) -> Any:
+    """`abstract_tree` as `ShapeDtypeStruct`s keeping each leaf's sharding (if any)."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        abstract_tree,
+    )
+
+
+def _under(key: str, prefix: str) -> bool:
+    """Whether the leaf key `key` (a `keystr`) lies under the key path `prefix`."""
+    return not prefix or (key.startswith(prefix) and key[len(prefix) : len(prefix) + 1] in "[.")
 
 
 def _brief(e: BaseException, limit: int = 300) -> str:

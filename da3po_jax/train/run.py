@@ -41,6 +41,7 @@ from da3po_jax.train.setup import (
     load_datasets,
     policy_model,
     prompt_renderer,
+    tokenizer_dir,
     tokenizer_for,
 )
 from da3po_jax.train.sft import build_sft_arrays, run_sft
@@ -141,7 +142,7 @@ def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs")
         stop=ctx.stop,
     )
     model = nnx.merge(graphdef, state.params)
-    _export(model, out_dir, _tokenizer_dir(cfg, ctx.workdir))
+    export_policy(model, out_dir, tokenizer_dir(cfg, ctx.workdir))
     logger.close()
     return model
 
@@ -168,9 +169,10 @@ def _sft_stop_check(ctx: RunContext, graphdef, model_cfg, logger):
     return check
 
 
-def _export(model, out_dir: str, tokenizer_dir: str) -> None:
+def export_policy(model, out_dir: str, tokenizer_dir: str, *, overwrite: bool = True) -> None:
     """Writes `model` as a HF folder from process 0; with several processes every host
-    takes part in gathering the sharded parameters first."""
+    takes part in gathering the sharded parameters first. The end of a run replaces its
+    own export; `python -m da3po_jax.export` passes `overwrite` from its flag."""
     _, nonfinite = tree_digest(nnx.state(model, nnx.Param))
     bad = [f"{k} ({n} values)" for k, n in nonfinite.items() if n]
     if bad:
@@ -181,13 +183,7 @@ def _export(model, out_dir: str, tokenizer_dir: str) -> None:
         graphdef, params = nnx.split(model)
         model = nnx.merge(graphdef, jax.tree.map(to_host, params))
     if is_main_process():
-        save_model(model, out_dir, tokenizer_dir=tokenizer_dir, overwrite=True)
-
-
-def _tokenizer_dir(cfg, workdir: str) -> str:
-    if cfg.tokenizer.build_tiny:
-        return os.path.join(workdir, "tokenizer")
-    return cfg.tokenizer.path or cfg.model.path
+        save_model(model, out_dir, tokenizer_dir=tokenizer_dir, overwrite=overwrite)
 
 
 def train(config, workdir: str) -> dict[str, Any]:
@@ -231,6 +227,7 @@ def train(config, workdir: str) -> dict[str, Any]:
             timeout_s=cfg.reward.timeout_s,
             correct_reward=cfg.reward.correct,
             incorrect_reward=cfg.reward.incorrect,
+            verifier=cfg.reward.verifier,
         )
         try:
             with stop_on_signals() as stop:
@@ -265,7 +262,8 @@ def _rl_stage(ctx: RunContext, model, accept) -> dict[str, Any]:
         trainer.close()
     if cfg.train.export_final:
         policy = nnx.merge(trainer.update.graphdef, trainer.state.params)
-        _export(policy, os.path.join(ctx.workdir, "final_model"), _tokenizer_dir(cfg, ctx.workdir))
+        final = os.path.join(ctx.workdir, "final_model")
+        export_policy(policy, final, tokenizer_dir(cfg, ctx.workdir))
     return _finish(cfg, ctx.workdir, trainer, evals, teacher_eval)
 
 

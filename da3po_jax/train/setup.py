@@ -17,7 +17,7 @@ from da3po_jax.data import (
     generate_split,
     load_problems,
 )
-from da3po_jax.models import Transformer, get_preset, init_model, load_model
+from da3po_jax.models import ModelConfig, Transformer, get_preset, init_model, load_model
 from da3po_jax.models.config import RUNTIME_FIELDS
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.parallel import param_sharding
@@ -59,6 +59,14 @@ def tokenizer_for(cfg, workdir: str, staging: str | None = None) -> Tokenizer:
             "folder unless config.tokenizer.build_tiny is set"
         )
     return Tokenizer.load(path)
+
+
+def tokenizer_dir(cfg, workdir: str) -> str:
+    """The folder holding the run's tokenizer files (copied next to every exported model):
+    the tiny BPE in `<workdir>/tokenizer`, else `tokenizer.path` or `model.path`."""
+    if cfg.tokenizer.build_tiny:
+        return os.path.join(workdir, "tokenizer")
+    return cfg.tokenizer.path or cfg.model.path
 
 
 def install_tokenizer(cfg, workdir: str, staging: str | None = None) -> None:
@@ -123,14 +131,12 @@ def policy_model(
     parameter is created or read straight into its shards (`parallel.RULES`).
     """
     sharding = param_sharding(mesh) if mesh is not None else None
-    overrides = {k: cfg.model[k] for k in RUNTIME_FIELDS}
     path = path or (None if preset else cfg.model.path)
     if path:
-        model = load_model(path, sharding=sharding, **overrides)
+        model = load_model(path, sharding=sharding, **_runtime_overrides(cfg))
     else:
-        vocab = -(-tokenizer.vocab_size // 8) * 8  # a random model takes the tokenizer vocab
         model = init_model(
-            get_preset(preset or cfg.model.preset, vocab_size=vocab, **overrides),
+            policy_config(cfg, tokenizer, preset=preset),
             seed=cfg.seed if seed is None else seed,
             sharding=sharding,
         )
@@ -140,6 +146,24 @@ def policy_model(
             f"tokenizer's {tokenizer.vocab_size}"
         )
     return model
+
+
+def policy_config(
+    cfg, tokenizer: Tokenizer, path: str | None = None, *, preset: str | None = None
+) -> ModelConfig:
+    """The architecture `policy_model` builds, without building it: `path`'s (or
+    config.model.path's) config.json, else the preset sized to the tokenizer's vocabulary;
+    the run's runtime fields (dtypes, remat, `scan_layers`, ...) override either. Shapes
+    of a checkpointed policy come from here (e.g. to restore only its parameters)."""
+    path = path or (None if preset else cfg.model.path)
+    if path:
+        return ModelConfig.from_hf_folder(path, **_runtime_overrides(cfg))
+    vocab = -(-tokenizer.vocab_size // 8) * 8  # a random model takes the tokenizer vocab
+    return get_preset(preset or cfg.model.preset, vocab_size=vocab, **_runtime_overrides(cfg))
+
+
+def _runtime_overrides(cfg) -> dict:
+    return {k: cfg.model[k] for k in RUNTIME_FIELDS}
 
 
 def _fields(cfg) -> FieldSpec:
