@@ -17,25 +17,34 @@ Suites (`--suite`, default `forward`):
   free memory) is compiled only ("ran": false). `temp_ratio` is temp(T) / temp(T/2),
   `temp_increment_ratio` the same of temp(T) - temp(T/2) (2 = linear, 4 = quadratic).
       python benchmarks/forward.py --suite=memory [--max_t=16384 --impls=naive,blockwise]
-- packing: one RL update (`rl_update`, token-mean DAPO loss, AdamW) on a variable-length
-  batch (prompts of 32..128 tokens left-padded to 128, G responses per prompt with
-  geometric lengths, mean `--mean`, clipped to `--cap`), padded vs packed into rows of
-  `--packs` LENGTHxROWS: best-of-`--iters` update seconds, useful (prompt + response)
-  tokens/s and the speedup over padded, all measured in this process (rounds alternate
-  the modes).
-      python benchmarks/forward.py --suite=packing [--prompts=2 --group=8 --packs=2048x1]
+- packing: one RL update (`rl_update`, token-mean DAPO loss, AdamW) of a 2-layer model on
+  a variable-length batch (prompts of 32..128 tokens left-padded to 128, `--group`
+  responses per prompt with geometric lengths of mean `--mean` clipped to `--cap`),
+  padded (`--micro_prompts` prompts per micro-batch) vs packed into rows of `--packs`
+  LENGTHxROWS (length 0: the row length, the `rl.pack_length` default): best-of-`--iters`
+  update seconds after compiling (rounds alternate the modes), useful (prompt + response)
+  tokens/s, computed vs real tokens and the speed-up over padded, all in this process.
+  The log-prob chunk defaults to 128 positions, which divides both layouts (the preset's
+  512 would pad each 1152-column row to 1536).
+      python benchmarks/forward.py --suite=packing [--prompts=4 --packs=0x1,2048x1]
 - compile: `jax.jit(f).lower(...).compile()` time of the train forward+backward of the
   preset (24 layers for qwen2.5-0.5b) at batch 1 x seq 128, layers unrolled vs
   `scan_layers=True` ("scanned": "unavailable" where ModelConfig has no such field).
       python benchmarks/forward.py --suite=compile
 - torch: the train forward+backward at batch 8 x seq 384, ours vs `transformers` Qwen2
   (random init, SDPA, float32, `--torch_threads` threads) on the same shapes, run
-  alternately after a warm-up of each; every sample, tokens/s, MFU (same FLOP count for
-  both) and ours / torch. `--variants` also times ours with ModelConfig overrides
-  (`logits_chunk=1024`, `attention=naive`, `remat=True`, ...) or `no_logits_remat` (the
-  log-prob chunks not rematerialised) or `matmul_precision=highest`; XLA flags are set
-  from outside (`XLA_FLAGS=... python benchmarks/forward.py --suite=torch --no_torch`).
-      python benchmarks/forward.py --suite=torch [--batch=8 --seq=384 --iters=2]
+  alternately (ours, torch, ours, torch) after a warm-up of each, each run waiting for
+  enough free memory first (`--mem_wait`); every sample, tokens/s, MFU (the same FLOP
+  count for both), the peak RSS growth of each side and ours / torch. `--no_torch` times
+  ours only; `--variants` also times ours with ModelConfig overrides (`logits_chunk=1024`,
+  `attention=naive`, `remat=True`, ...) or a patch (below). XLA flags are set from
+  outside: `XLA_FLAGS=... python benchmarks/forward.py --suite=torch --no_torch`.
+      python benchmarks/forward.py --suite=torch [--iters=2 --variants=flat_logprobs=1024]
+
+What-if patches of the library (`--patch=A,B` for any suite, or as `--variants` entries):
+`no_logits_remat` (log-prob chunks not rematerialised), `flat_logprobs=N` (log-probs in
+chunks of N tokens of the flattened batch instead of `logits_chunk` positions per row),
+`matmul_precision=NAME` (`jax.default_matmul_precision`).
 """
 
 from __future__ import annotations
@@ -551,8 +560,43 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _summary(warmup: float, samples: list[float], flops, n_tok, peak) -> dict:
-    return {"warmup_s": warmup, "samples_s": samples, **_rate(flops, min(samples), n_tok, peak)}
+def _wait_for_memory(need: float, timeout: float) -> float:
+    """Waits (up to `timeout` s, then runs anyway) until MemAvailable >= `need` bytes: on
+    a shared machine a step of either framework can take most of the memory."""
+    start = time.perf_counter()
+    while _available_bytes() < need and time.perf_counter() - start < timeout:
+        time.sleep(5)
+    waited = time.perf_counter() - start
+    if waited > 1:
+        log(f"torch: waited {waited:.0f} s for {need / 2**30:.1f} GiB of free memory")
+    return waited
+
+
+def _alternate(runs: dict, need: float, args) -> dict:
+    """A warm-up of each side, then `--iters` rounds (ours, torch, ours, torch, ...); per
+    side the warm-up, the samples and the peak RSS growth (MiB) of its largest run."""
+    out = {name: {"warmup_s": None, "samples_s": [], "peak_rss_growth_mib": 0.0} for name in runs}
+    needs = dict.fromkeys(runs, need)  # torch's own need is known after its warm-up
+    for i in range(-1, args.iters):
+        for name, run in runs.items():
+            _wait_for_memory(1.1 * needs[name], args.mem_wait)
+            rss, reset = _proc_status_mib("VmRSS"), _reset_peak_rss()
+            seconds = run()
+            if reset:
+                growth = _proc_status_mib("VmHWM") - rss
+                out[name]["peak_rss_growth_mib"] = max(out[name]["peak_rss_growth_mib"], growth)
+                needs[name] = growth * _MIB
+            _release_memory()
+            if i < 0:
+                out[name]["warmup_s"] = seconds
+            else:
+                out[name]["samples_s"].append(seconds)
+            log(f"torch: {name} {'warm-up' if i < 0 else f'sample {i}'}: {seconds:.1f} s")
+    return out
+
+
+def _summary(timing: dict, flops, n_tok, peak) -> dict:
+    return {**timing, **_rate(flops, min(timing["samples_s"]), n_tok, peak)}
 
 
 def _run_variants(args, cfg, state, tokens, flops, n_tok, peak, base_best: float) -> dict:
@@ -569,7 +613,7 @@ def _run_variants(args, cfg, state, tokens, flops, n_tok, peak, base_best: float
             warm = _timed(compiled, state, tokens)
             samples = [_timed(compiled, state, tokens) for _ in range(args.iters)]
         _release_memory()
-        out[spec] = _summary(warm, samples, flops, n_tok, peak)
+        out[spec] = _summary({"warmup_s": warm, "samples_s": samples}, flops, n_tok, peak)
         out[spec]["speedup_vs_ours"] = base_best / min(samples)
         log(f"torch: variant {spec}: {min(samples):.1f} s")
     return out
@@ -598,19 +642,10 @@ def suite_torch(args) -> dict:
         ids, targets = tq.inputs(tokens_np)
         runs["torch"] = lambda: tq.train_step(model, ids, targets)
         result.update(versions=tq.versions(), torch_threads=args.torch_threads)
-    warm = {}
-    for name, run in runs.items():
-        log(f"torch: warm-up {name}")
-        warm[name] = run()
-        _release_memory()
-    samples = {name: [] for name in runs}
-    for i in range(args.iters):  # alternating: ours, torch, ours, torch, ...
-        for name, run in runs.items():
-            samples[name].append(run())
-            _release_memory()
-            log(f"torch: {name} sample {i}: {samples[name][-1]:.1f} s")
-    for name in runs:
-        result[name] = _summary(warm[name], samples[name], flops, n_tok, peak)
+    stats = result["ours_compiled"]
+    timings = _alternate(runs, stats["temp_bytes"] + stats["output_bytes"], args)
+    for name, timing in timings.items():
+        result[name] = _summary(timing, flops, n_tok, peak)
     if "torch" in runs:
         result["ours_over_torch"] = result["ours"]["tokens_per_s"] / result["torch"]["tokens_per_s"]
     if args.variants:
@@ -641,18 +676,19 @@ def _parse_args():
     g.add_argument("--case_timeout", type=int, default=3600, help="seconds per subprocess")
     g.add_argument("--case", default="", help=argparse.SUPPRESS)  # IMPL:T, in the child
     g = p.add_argument_group("packing")
-    g.add_argument("--prompts", type=int, default=2)
+    g.add_argument("--prompts", type=int, default=4)
     g.add_argument("--group", type=int, default=8, help="responses per prompt (G)")
     g.add_argument("--mean", type=float, default=150.0, help="mean response length")
     g.add_argument("--cap", type=int, default=1024, help="max new tokens (length clip)")
     g.add_argument("--prompt_min", type=int, default=32)
     g.add_argument("--prompt_bucket", type=int, default=128, help="prompt columns (max len)")
     g.add_argument("--micro_prompts", type=int, default=1, help="padded micro-batch prompts")
-    g.add_argument("--packs", default="2048x1,4096x1,2048x2", help="LENGTHxROWS,...")
+    g.add_argument("--packs", default="0x1,2048x1", help="LENGTHxROWS,... (0: row length)")
     g.add_argument("--warmup", type=int, default=0, help="untimed rounds after compiling")
     g = p.add_argument_group("torch")
     g.add_argument("--torch_threads", type=int, default=2)
     g.add_argument("--no_torch", action="store_true", help="time ours (and variants) only")
+    g.add_argument("--mem_wait", type=float, default=900, help="max s to wait for free memory")
     g.add_argument("--variants", default="", help="e.g. logits_chunk=1024,no_logits_remat")
     args = p.parse_args()
     for key, value in _DEFAULTS[args.suite].items():

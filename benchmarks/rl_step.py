@@ -83,8 +83,15 @@ def run(args, engine: str) -> dict:
     encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
     scorer = RewardScorer(num_workers=1)
     # The preset's own shapes (vocabulary included), not resized to the tiny tokenizer.
-    model = init_model(get_preset(cfg.model.preset, param_dtype=args.dtype, dtype=args.dtype,
-                                  logits_chunk=cfg.model.logits_chunk), seed=0)
+    model = init_model(
+        get_preset(
+            cfg.model.preset,
+            param_dtype=args.dtype,
+            dtype=args.dtype,
+            logits_chunk=cfg.model.logits_chunk,
+        ),
+        seed=0,
+    )
     trainer = build_trainer(RunContext(cfg, workdir, tokenizer, encoder, data, scorer), model)
     steps = []
     for _ in range(args.steps):

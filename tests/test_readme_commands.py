@@ -235,6 +235,36 @@ COMMANDS: dict[str, Run] = {
         + ("--mean=6", "--block=8", "--steps_per_call=4"),
         expect='"speedup"',
     ),
+    "python benchmarks/forward.py --suite=memory": Run(
+        "bench_memory",
+        "bench_forward_suites",
+        ("--preset=tiny-qwen2", "--min_t=32", "--max_t=64", "--naive_run_max_t=32"),
+        expect='"temp_increment_ratio"',
+    ),
+    "python benchmarks/forward.py --suite=packing": Run(
+        "bench_packing",
+        "bench_forward_suites",
+        ("--preset=tiny-qwen2", "--prompts=2", "--group=2", "--prompt_bucket=8")
+        + ("--prompt_min=2", "--cap=16", "--mean=4", "--logits_chunk=8", "--iters=1"),
+        expect='"speedup_vs_padded"',
+    ),
+    "python benchmarks/forward.py --suite=compile": Run(
+        "bench_compile",
+        "bench_forward_suites",
+        ("--preset=tiny-qwen2", "--seq=16"),
+        expect='"unrolled_over_scanned"',
+    ),
+    "python benchmarks/forward.py --suite=torch": Run(
+        "bench_torch",
+        "bench_forward_suites",
+        ("--preset=tiny-qwen2", "--batch=1", "--seq=16", "--iters=1", "--mem_wait=0"),
+        expect='"ours_over_torch"',
+        needs=("torch",),
+    ),
+    # --- exporting the quick start's newest checkpoint
+    "python -m da3po_jax.export --workdir=/tmp/da3po_run --out=/tmp/da3po_export": Run(
+        "export", "quickstart", expect="da3po_export"
+    ),
     # --- sampling from the quick start's exported model
     'python -m da3po_jax.sample --model=/tmp/da3po_run/final_model --prompt="What is 47 + 8?" '
     "--num_samples=4 --max_new_tokens=32 --temperature=1.0": Run(
