@@ -38,6 +38,10 @@ BAD = [
     ({"eval.prompts_per_call": 0}, "config.eval.prompts_per_call=0 must be >= 1"),
     ({"eval.prompts_per_call": -1}, "config.eval.prompts_per_call=-1 must be >= 1"),
     ({"seed": -1}, "config.seed=-1 must be >= 0"),
+    (
+        {"reward.verifier": "sympy"},
+        "config.reward.verifier='sympy' must be one of ['builtin', 'math_verify']",
+    ),
     ({"tokenizer.vocab_size": -5}, "config.tokenizer.vocab_size=-5 must be > 0"),
     ({"data.answer_mode": "latex"}, "config.data.answer_mode='latex' must be one of"),
     ({"data.synthetic_train": -1}, "config.data.synthetic_train=-1 must be >= 0"),
@@ -151,6 +155,7 @@ def test_daa_tau_may_be_one(tau):
         {"optim.b1": 0.0, "optim.weight_decay": 0.0, "overlong.penalty": 0.0},
         {"reward.correct": 1.0, "reward.incorrect": -1.0},
         {"mesh.shape": (1, -1, 1)},
+        {"reward.verifier": "math_verify"},
     ],
 )
 def test_edge_values_that_mean_something_are_accepted(overrides):
