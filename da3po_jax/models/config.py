@@ -39,6 +39,7 @@ RUNTIME_FIELDS = (
 )
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPE_NAMES = tuple(_DTYPES)  # the values of param_dtype / dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Host side of sampling: text prompts -> a length bucket -> `Sampler` -> decoded text.
 
-Everything variable-length lives here: prompts are rendered (chat template when the
-tokenizer has one), tokenised, left-padded to the smallest bucket that fits the longest
-and, when a fixed number of prompts per call is asked for, topped up with one-token filler
+Everything variable-length lives here: prompts are rendered (optionally a training prompt
+template, then the chat template when the tokenizer has one), tokenised, left-padded to the
+smallest bucket that fits the longest and, when a fixed number of prompts per call is asked
+for (or a mesh needs a multiple of its batch devices), topped up with one-token filler
 prompts whose outputs are dropped. The device only sees fixed shapes.
 """
 
@@ -14,11 +15,64 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from da3po_jax.data.prompts import format_prompt, get_template
+from da3po_jax.models.config import DTYPE_NAMES
 from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel import make_mesh, param_sharding, resolve_mesh_shape, shard_batch
+from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.sampling.sampler import GenerateConfig, SampleOutput, Sampler
 
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Training's default `config.mesh.shape`: data parallel over every device, weights replicated.
+DEFAULT_MESH_SHAPE = (-1, 1, 1)
+DTYPES = DTYPE_NAMES  # the values of config.model.param_dtype / config.model.dtype
+
+
+def check_dtype(dtype: str) -> str:
+    """`dtype` if it is one of `DTYPES` (as `ModelConfig` checks its dtype fields).
+
+    Raises:
+      ValueError: naming the value and the allowed ones.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {list(DTYPES)}")
+    return dtype
+
+
+def check_template(template: str) -> str:
+    """`template` if training accepts it as `config.data.template`: a built-in name or a
+    string with `{problem}` (`data.prompts.get_template`, whose error lists the names)."""
+    get_template(template)
+    return template
+
+
+def parse_mesh_shape(shape: str | Sequence[int]) -> tuple[int, int, int]:
+    """A mesh shape as `config.mesh.shape` takes it ("1,-1,1" or a sequence), with its -1
+    filled for this process's devices (`parallel.resolve_mesh_shape`).
+
+    Raises:
+      ValueError: not three integers, or not a valid shape for the device count.
+    """
+    if isinstance(shape, str):
+        try:
+            shape = tuple(int(s) for s in shape.strip("()[] ").split(","))
+        except ValueError:
+            raise ValueError(
+                f"mesh shape {shape!r} is not comma-separated integers (data, fsdp, tensor), "
+                "e.g. '1,-1,1'"
+            ) from None
+    return resolve_mesh_shape(shape, jax.device_count())
+
+
+def render_question(tokenizer: Tokenizer, question: str, template: str | None = None) -> str:
+    """The text the model sees for `question`: under a training `template` exactly what
+    `train.setup.prompt_renderer` renders (`format_prompt`, then the chat template); with
+    None the chat template alone (the question as it is)."""
+    if template is None:
+        return tokenizer.render_prompt(question)
+    return tokenizer.render_prompt(format_prompt(question, template))
 
 
 def pick_bucket(length: int, buckets: Sequence[int]) -> int:
@@ -55,6 +109,7 @@ def encode_prompts(
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     num_prompts: int | None = None,
     render: bool = True,
+    template: str | None = None,
 ) -> PromptBatch:
     """Renders, tokenises and left-pads `prompts` into one bucket.
 
@@ -63,11 +118,13 @@ def encode_prompts(
       prompts: user texts (rendered with the chat template when `render`).
       buckets: allowed prompt lengths; the smallest one that fits the longest prompt wins.
       num_prompts: pad the batch to this many rows (a fixed P per call), or None.
-      render: apply `tokenizer.render_prompt`; False feeds the texts as they are.
+      render: render with `render_question`; False feeds the texts as they are.
+      template: training prompt template applied before the chat template (see
+        `render_question`); None = none.
     """
     if not prompts:
         raise ValueError("no prompts")
-    texts = [tokenizer.render_prompt(p) if render else p for p in prompts]
+    texts = [render_question(tokenizer, p, template) if render else p for p in prompts]
     ids = tokenizer.encode(texts)
     empty = [i for i, s in enumerate(ids) if not s]
     if empty:
@@ -121,6 +178,8 @@ def sample_text(
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     num_prompts: int | None = None,
     render: bool = True,
+    template: str | None = None,
+    mesh: Mesh | None = None,
 ) -> TextSamples:
     """Text in, text out: encode -> `sampler.generate` -> decode.
 
@@ -132,17 +191,40 @@ def sample_text(
       prompts: user texts.
       seed: int seed or PRNG key.
       config: settings for this call (default: the sampler's).
-      buckets, num_prompts, render: as `encode_prompts`.
+      buckets, num_prompts, render, template: as `encode_prompts`.
+      mesh: split the prompts over its batch axes (`parallel.shard_batch`), their number
+        rounded up to a multiple of its batch devices with filler prompts; None = as given.
     """
+    if mesh is not None:
+        per = batch_size_divisor(mesh)
+        num_prompts = -(-(num_prompts or len(prompts)) // per) * per
     batch = encode_prompts(
-        tokenizer, prompts, buckets=buckets, num_prompts=num_prompts, render=render
+        tokenizer,
+        prompts,
+        buckets=buckets,
+        num_prompts=num_prompts,
+        render=render,
+        template=template,
     )
-    out = sampler.generate(state, batch.tokens, batch.mask, seed, config)
+    tokens, mask = batch.tokens, batch.mask
+    if mesh is not None:
+        tokens, mask = shard_batch((tokens, mask), mesh)
+    out = sampler.generate(state, tokens, mask, seed, config)
     out = jax.tree.map(
         lambda x: np.asarray(x)[: batch.num_real] if x.ndim else np.asarray(x), jax.device_get(out)
     )
     texts = decode_responses(tokenizer, out.tokens, out.lengths)
     return TextSamples(texts=texts, output=out, prompts=batch)
+
+
+def load_on_mesh(model_path: str, mesh: Mesh, dtype: str | None = None):
+    """Loads a HF model folder with every parameter read straight into its shards on
+    `mesh` (`parallel.param_sharding`, as the trainer's `policy_model`), in `dtype`
+    (param_dtype and dtype; None = `load_model`'s default, float32)."""
+    from da3po_jax.models.hf_io import load_model
+
+    overrides = {} if dtype is None else {"param_dtype": dtype, "dtype": dtype}
+    return load_model(model_path, sharding=param_sharding(mesh), **overrides)
 
 
 def sample_from_folder(
@@ -152,22 +234,43 @@ def sample_from_folder(
     tokenizer_path: str | None = None,
     seed: int = 0,
     buckets: Sequence[int] = DEFAULT_BUCKETS,
+    dtype: str | None = None,
+    template: str | None = None,
+    mesh_shape: str | Sequence[int] = DEFAULT_MESH_SHAPE,
     **generate_kwargs,
 ) -> TextSamples:
     """Loads a HF model folder (and its tokenizer) and samples responses to `prompts`.
 
     Args:
       model_path: folder with config.json and safetensors weights.
-      prompts: user texts (rendered with the chat template when there is one).
+      prompts: user texts (questions, under `template`), rendered with the chat template
+        when there is one.
       tokenizer_path: tokenizer folder (default: `model_path`).
       seed: PRNG seed.
       buckets: allowed prompt lengths.
+      dtype: parameter and compute dtype, one of `DTYPES` (config.model.param_dtype and
+        config.model.dtype); None = `load_model`'s default (float32).
+      template: the training prompt template (`config.data.template`: "dapo", "boxed",
+        "tiny", "raw" or a string with `{problem}`) applied to each prompt before the chat
+        template; None = the prompt as it is.
+      mesh_shape: (data, fsdp, tensor) as `config.mesh.shape` ("1,-1,1" or a sequence, one
+        -1 = the remaining devices); the weights are sharded on it by the training rules
+        and the prompts split over its batch axes. Default: training's, data parallel
+        over every device (one device: unsharded).
       **generate_kwargs: `GenerateConfig` fields (num_samples, max_new_tokens, ...).
-    """
-    from da3po_jax.models.hf_io import load_model
 
+    Raises:
+      ValueError: a bad `dtype`, `template` or `mesh_shape` (before anything is loaded).
+    """
+    if dtype is not None:
+        check_dtype(dtype)
+    if template is not None:
+        check_template(template)
+    mesh = make_mesh(parse_mesh_shape(mesh_shape))
     tokenizer = Tokenizer.load(tokenizer_path or model_path)
-    model = load_model(model_path)
+    model = load_on_mesh(model_path, mesh, dtype)
     graphdef, state = nnx.split(model)
     sampler = Sampler(graphdef, model.cfg, config_for(tokenizer, **generate_kwargs))
-    return sample_text(sampler, state, tokenizer, prompts, seed, buckets=buckets)
+    return sample_text(
+        sampler, state, tokenizer, prompts, seed, buckets=buckets, template=template, mesh=mesh
+    )

@@ -1,0 +1,195 @@
+"""`da3po_jax.sample` / `sample_from_folder` flags: --dtype, --template and --mesh."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+from flax import nnx
+from sample_mesh_worker import GEN, MESHES, PROMPTS
+from sampling_helpers import tiny_model
+
+from da3po_jax import sample as sample_cli
+from da3po_jax.data import MathProblem
+from da3po_jax.models import save_model
+from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel import make_mesh
+from da3po_jax.sampling import Sampler
+from da3po_jax.sampling.host import (
+    config_for,
+    encode_prompts,
+    load_on_mesh,
+    sample_from_folder,
+    sample_text,
+)
+from da3po_jax.train.setup import prompt_renderer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+QUESTION = "  What is 3 + 4?\n"
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_dir):
+    return Tokenizer.load(tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, tokenizer_dir):
+    _, _, _, model = tiny_model()
+    return save_model(
+        model, str(tmp_path_factory.mktemp("sample") / "model"), tokenizer_dir=tokenizer_dir
+    )
+
+
+def _training_render(tok, template: str) -> str:
+    """What training feeds the policy for QUESTION under config.data.template=`template`."""
+    spec = importlib.util.spec_from_file_location("base", os.path.join(ROOT, "configs", "base.py"))
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)
+    cfg = base.get_config()
+    cfg.data.template = template
+    return prompt_renderer(cfg, tok)(MathProblem(id="q", prompt=QUESTION, answer="7"))
+
+
+def _run_cli(**values) -> None:
+    """`sample.main` with these flag values. Only these flags are set (and validated): a
+    full parse would also check the required flags of other commands' modules that this
+    test process imported (e.g. da3po_jax.export's --workdir)."""
+    flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(**values):
+        sample_cli.main(["sample"])
+
+
+def test_dtype_bfloat16_loads_bf16_params_and_samples(folder, tok):
+    model = load_on_mesh(folder, make_mesh(), "bfloat16")
+    assert (model.cfg.param_dtype, model.cfg.dtype) == ("bfloat16", "bfloat16")
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert leaves and all(x.dtype == jnp.bfloat16 for x in leaves)
+    got = sample_from_folder(folder, PROMPTS, dtype="bfloat16", **GEN)
+    graphdef, state = nnx.split(model)
+    want = sample_text(Sampler(graphdef, model.cfg, config_for(tok, **GEN)), state, tok, PROMPTS, 0)
+    np.testing.assert_array_equal(got.output.tokens, want.output.tokens)
+    assert got.texts == want.texts and got.output.lengths.min() > 0
+    f32 = nnx.state(load_on_mesh(folder, make_mesh()), nnx.Param)  # default: as load_model
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(f32))
+
+
+@pytest.mark.parametrize("template", ["dapo", "boxed", "raw", "Q: {problem}\nA:"])
+def test_template_renders_the_training_prompt(tok, template):
+    want = tok.encode([_training_render(tok, template)])[0]
+    batch = encode_prompts(tok, [QUESTION], template=template)
+    np.testing.assert_array_equal(batch.tokens[0][batch.mask[0]], want)
+
+
+def test_no_template_keeps_the_chat_template_alone(tok):
+    batch = encode_prompts(tok, [QUESTION])
+    want = tok.encode([tok.render_prompt(QUESTION)])[0]
+    np.testing.assert_array_equal(batch.tokens[0][batch.mask[0]], want)
+
+
+def test_sample_from_folder_feeds_the_training_prompt(folder, tok):
+    result = sample_from_folder(folder, [QUESTION], template="dapo", max_new_tokens=2)
+    want = tok.encode([_training_render(tok, "dapo")])[0]
+    batch = result.prompts
+    np.testing.assert_array_equal(batch.tokens[0][batch.mask[0]], want)
+    assert "Answer:" in tok.hf.decode(want)
+
+
+def test_cli_passes_the_new_flags(folder, capsys):
+    _run_cli(
+        model=folder,
+        prompt=[QUESTION],
+        num_samples=2,
+        max_new_tokens=6,
+        temperature=0.0,
+        dtype="bfloat16",
+        template="dapo",
+        mesh="1,-1,1",
+    )
+    printed = capsys.readouterr().out
+    want = sample_from_folder(
+        folder,
+        [QUESTION],
+        dtype="bfloat16",
+        template="dapo",
+        num_samples=2,
+        max_new_tokens=6,
+        temperature=0.0,
+    )
+    for g in range(2):
+        n = int(want.output.lengths[0, g])
+        assert f"--- sample {g} ({n} tokens)\n{want.texts[0][g]}\n" in printed + "\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dtype": "float64"}, r"dtype='float64'; expected one of \['float32', 'bfloat16'"),
+        ({"template": "nope"}, r"unknown prompt template 'nope': use one of \['boxed', 'dapo'"),
+        ({"mesh_shape": "1,1"}, r"must have 3 entries"),
+        ({"mesh_shape": "a,1,1"}, r"mesh shape 'a,1,1' is not comma-separated integers"),
+        ({"mesh_shape": "2,1,1"}, r"has 2 devices but 1 are available"),
+    ],
+)
+def test_bad_values_are_refused_before_loading(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sample_from_folder(str(tmp_path / "missing"), ["x"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [
+        ("dtype", "float64", r"--dtype=float64: dtype='float64'; expected one of"),
+        ("template", "nope", r"--template=nope: unknown prompt template 'nope': use one of"),
+        ("mesh", "0,1,1", r"--mesh=0,1,1: mesh.shape=\(0, 1, 1\): entries must be positive"),
+    ],
+)
+def test_cli_refuses_bad_values_naming_the_flag(flag, value, match):
+    with pytest.raises(flags.IllegalFlagValueError, match=match):
+        _run_cli(model="unused", prompt=["x"], **{flag: value})
+
+
+def test_cli_subprocess_exits_with_the_flag_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "da3po_jax.sample", f"--model={tmp_path}", "--prompt=x"]
+        + ["--dtype=float64"],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "--dtype=float64" in proc.stderr, proc.stderr[-2000:]
+    assert "expected one of ['float32', 'bfloat16', 'float16']" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.multidevice
+def test_greedy_samples_on_8_devices_equal_one_device(folder, tmp_path):
+    out = tmp_path / "mesh.npz"
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "sample_mesh_worker.py"), folder, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    want = sample_from_folder(folder, PROMPTS, **GEN)  # this pytest process: one device
+    got = np.load(out)
+    for flag, _ in MESHES:
+        np.testing.assert_array_equal(got[f"{flag}/prompt_tokens"], want.prompts.tokens)
+        np.testing.assert_array_equal(got[f"{flag}/tokens"], want.output.tokens, err_msg=flag)
+        np.testing.assert_array_equal(got[f"{flag}/lengths"], want.output.lengths, err_msg=flag)
