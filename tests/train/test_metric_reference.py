@@ -10,7 +10,8 @@ filtering; RA-OPD with a random teacher. Every train and eval metric is compared
 wall-clock times and the rates derived from them.
 
 To record the reference (only when a change is *meant* to alter these numbers; say so
-in the commit): `python tests/train/test_metric_reference.py`.
+in the commit): `python tests/train/test_metric_reference.py [CASE ...]` (all cases, or
+only those named).
 """
 
 from __future__ import annotations
@@ -106,10 +107,14 @@ def test_metrics_match_the_reference(name, tmp_path, monkeypatch):
                 assert have[key] == value, f"{where}: {key} = {have[key]!r}, reference {value!r}"
 
 
-def _record() -> None:
+def _record(names: list[str]) -> None:
+    """Records the cases `names` (all when empty); the others keep their reference."""
     run_lib.RewardScorer = HashScorer
     out = {}
-    for name in sorted(CASES):
+    if names and os.path.isfile(REFERENCE):
+        with open(REFERENCE) as f:
+            out = json.load(f)
+    for name in names or sorted(CASES):
         with tempfile.TemporaryDirectory() as workdir:
             out[name] = run_case(name, workdir)
     os.makedirs(os.path.dirname(REFERENCE), exist_ok=True)
@@ -119,4 +124,4 @@ def _record() -> None:
 
 
 if __name__ == "__main__":
-    _record()
+    _record(sys.argv[1:])
