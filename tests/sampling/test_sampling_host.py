@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 from absl import flags
+from absl.testing import flagsaver
 from sampling_helpers import tiny_model
 
 from da3po_jax import sample as sample_cli
@@ -86,20 +87,12 @@ def test_cli_prints_the_host_helpers_samples(tmp_path, tokenizer_dir, tok, capsy
     cfg, graphdef, state, model = tiny_model()
     folder = save_model(model, str(tmp_path / "model"), tokenizer_dir=tokenizer_dir)
     prompt = "What is 3 + 4?"
-    argv = [
-        "sample",
-        f"--model={folder}",
-        f"--prompt={prompt}",
-        "--num_samples=2",
-        "--max_new_tokens=6",
-        "--temperature=0",
-        "--seed=3",
-    ]
-    flags.FLAGS(argv)
-    try:
-        sample_cli.main(argv[:1])
-    finally:
-        flags.FLAGS.unparse_flags()
+    # only these flags are set: a full parse would also require the flags of other
+    # commands' modules imported by this test process (e.g. da3po_jax.export's --workdir)
+    flags.FLAGS.mark_as_parsed()
+    values = dict(model=folder, prompt=[prompt], num_samples=2, max_new_tokens=6)
+    with flagsaver.flagsaver(temperature=0.0, seed=3, **values):
+        sample_cli.main(["sample"])
     printed = capsys.readouterr().out
     config = config_for(tok, num_samples=2, max_new_tokens=6, temperature=0.0)
     want = sample_text(Sampler(graphdef, cfg, config), state, tok, [prompt], seed=3)
