@@ -172,6 +172,8 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.max_prompts = 256
     c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
     c.eval.prompts_per_call = 64
+    c.eval.group_by = "tier"  # avg@k / pass@k per tier, "source" or a dataset field; "" = none
+    c.eval.log_samples = 4  # responses logged per eval (eval_samples.jsonl, TensorBoard text)
 
     c.sft = config_dict.ConfigDict()
     c.sft.enable = False  # warm start before RL (cached in the workdir)

@@ -15,13 +15,13 @@ traceback is followed by one last line `da3po_jax: error: ...` naming the proble
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 
 from absl import app, flags
-from absl import logging as absl_logging
+
+from da3po_jax.cli import setup_logging
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A training run's folder: its config.json and checkpoints/."
@@ -34,93 +34,6 @@ _OVERWRITE = flags.DEFINE_bool(
 flags.mark_flags_as_required(["workdir", "out"])
 
 log = logging.getLogger("da3po_jax.export")
-
-
-class ExportError(ValueError):
-    """The export cannot run as asked; nothing was written."""
-
-
-def read_run_config(workdir: str):
-    """The config a run wrote to `<workdir>/config.json` (what `train` resolved), so the
-    export builds the same architecture and finds the same tokenizer as the run did."""
-    from ml_collections import config_dict
-
-    if not os.path.isdir(workdir):
-        raise ExportError(f"--workdir {workdir!r} does not exist or is not a folder")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
-        raise ExportError(f"{path!r} not found: --workdir must be a training run's folder")
-    try:
-        with open(path) as f:
-            return config_dict.FrozenConfigDict(json.load(f))
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{path!r} is not valid JSON ({e})") from e
-
-
-def check_out(out: str, workdir: str, overwrite: bool) -> None:
-    """Refuses an `--out` the export must not replace: a non-empty folder without
-    `overwrite`, a file, or the run's own folder (or one holding it)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ExportError(f"--out {out!r} exists and is not a folder (nothing was changed)")
-    if workdir == out or workdir.startswith(out.rstrip(os.sep) + os.sep):
-        raise ExportError(f"--out {out!r} holds the run being exported (nothing was changed)")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ExportError(
-            f"--out {out!r} exists and is not empty; pass --overwrite to replace it "
-            "(nothing was changed)"
-        )
-
-
-def pick_step(steps: list[int], step: int | None, directory: str) -> int:
-    """`step` if the run kept it, else the newest when `step` is None."""
-    if not steps:
-        raise ExportError(f"no checkpoints in {directory!r}: the run saved none yet")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise ExportError(
-            f"--step={step} is not in {directory!r}; the steps kept are "
-            f"{', '.join(map(str, steps))}"
-        )
-    return step
-
-
-def restore_policy(cfg, workdir: str, step: int | None):
-    """(step, policy) of checkpoint `step` (None: the newest) of the run in `workdir`.
-
-    The abstract policy (shapes only, built by `setup.policy_config` as the run built its
-    policy) is restored as the `["train"].params` subtree alone, sharded over every local
-    device by the run's parameter rules, so the optimizer state is never allocated.
-    """
-    import jax
-    from flax import nnx
-
-    from da3po_jax.models import Transformer
-    from da3po_jax.models.tokenizer import Tokenizer
-    from da3po_jax.parallel import make_mesh, tree_shardings
-    from da3po_jax.train.checkpoint import Checkpointer
-    from da3po_jax.train.setup import policy_config, tokenizer_dir
-
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):  # checked first: Checkpointer would create it
-        raise ExportError(f"no checkpoints in {workdir!r} (no checkpoints/ folder)")
-    model_cfg = policy_config(cfg, Tokenizer.load(tokenizer_dir(cfg, workdir)))
-    checkpointer = Checkpointer(workdir, cfg.train.keep_checkpoints)
-    try:
-        step = pick_step(checkpointer.all_steps(), step, directory)
-        log.info("restoring the policy of step %d from %s", step, directory)
-        graphdef, abstract = nnx.split(
-            nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
-        )
-        shardings = tree_shardings(abstract, make_mesh((1, -1, 1)))  # FSDP over all
-        abstract = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
-        )
-        keys = (jax.tree_util.DictKey("train"), jax.tree_util.GetAttrKey("params"))
-        params, _ = checkpointer.restore_subtree(step, keys, abstract)
-    finally:
-        checkpointer.close()
-    return step, nnx.merge(graphdef, params)
 
 
 def export_checkpoint(
@@ -136,6 +49,8 @@ def export_checkpoint(
       ExportError: a refusal, named.
       CheckpointError: the step's files are damaged (its digest check failed).
     """
+    from da3po_jax.train.restore import check_out, read_run_config, restore_policy
+
     workdir, out = os.path.abspath(workdir), os.path.abspath(out)
     cfg = read_run_config(workdir)
     check_out(out, workdir, overwrite)
@@ -152,14 +67,7 @@ def main(argv: list[str]) -> None:
     with exit status 1 and a last stderr line naming the problem on any error."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.WARNING)  # library chatter (orbax, jax)
-    ours = logging.getLogger("da3po_jax")
-    if not ours.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        ours.addHandler(handler)
-        ours.propagate = False
-    ours.setLevel(logging.INFO)
+    setup_logging()
     from da3po_jax.train.signals import run_reporting_errors  # after flags: fast --help
 
     def run() -> None:

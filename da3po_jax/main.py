@@ -6,6 +6,10 @@ Flags: `--config` (an ml_collections config file, locked: dotted overrides such 
 Multi-process runs start every process with the same flags plus, on GPU clusters,
 `--coordinator_address`, `--num_processes` and `--process_id` (TPU VMs detect these).
 
+`--verbosity` (absl's): 0 shows progress bars and INFO lines; -1 warnings only; 1 adds
+DEBUG lines and the libraries' own INFO lines (`da3po_jax/cli.py`). `--helpfull` lists
+every flag.
+
 Exit status: 0 when the run finished, or stopped on SIGTERM after saving a checkpoint
 (rerun the same command to resume); 130 on SIGINT (after saving likewise); 1 on an error,
 whose traceback is followed by one last line `da3po_jax: error: ...` naming the problem.
@@ -19,11 +23,19 @@ import os
 import sys
 
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from da3po_jax.cli import setup_logging
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file.", lock_config=True
+    "config",
+    None,
+    "Path to a config file: the repo's configs/ folder holds them (tiny_math.py, the CPU "
+    "demo; qwen_math.py and the sized recipes such as qwen_dapo_7b_8xh100.py); every field "
+    "and its default is in configs/base.py. Override any field on the command line with "
+    "--config.<field>=value, e.g. --config.algo=dapo --config.rollout.group_size=16 "
+    "--config.mesh.shape='(1,-1,1)'; a field that does not exist is an error.",
+    lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string(
     "workdir",
@@ -43,13 +55,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.WARNING)  # library chatter (orbax, jax)
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ours = logging.getLogger("da3po_jax")
-    ours.addHandler(handler)
-    ours.setLevel(logging.INFO)
-    ours.propagate = False
+    setup_logging()
     from da3po_jax.parallel import initialize  # after flag parsing: keeps --help fast
     from da3po_jax.train import train
     from da3po_jax.train.signals import run_reporting_errors

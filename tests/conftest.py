@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
     """Frees every compiled program after each test file. A CPU executable holds a few

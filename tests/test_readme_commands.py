@@ -265,6 +265,10 @@ COMMANDS: dict[str, Run] = {
     "python -m da3po_jax.export --workdir=/tmp/da3po_run --out=/tmp/da3po_export": Run(
         "export", "quickstart", expect="da3po_export"
     ),
+    # --- evaluating the quick start's newest checkpoint
+    "python -m da3po_jax.eval --checkpoint=/tmp/da3po_run": Run(
+        "eval", "quickstart", expect="avg@"
+    ),
     # --- sampling from the quick start's exported model
     'python -m da3po_jax.sample --model=/tmp/da3po_run/final_model --prompt="What is 47 + 8?" '
     "--num_samples=4 --max_new_tokens=32 --temperature=1.0": Run(

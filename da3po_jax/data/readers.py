@@ -227,7 +227,18 @@ def parse_row(row: Any, fields: FieldSpec, *, default_id: str, source: str) -> M
     if not a_path:
         raise MalformedRow("missing answer", f"none of {', '.join(fields.answer)}")
     answer, worked = _answer_text(a_value, a_path, fields.answer_mode)
-    meta = {"system": system} if system else {}
+    meta: dict[str, Any] = {"system": system} if system else {}
+    used = {path.split(".")[0] for path in (p_path, a_path)}
+    extra = {
+        k: v
+        for k, v in row.items()
+        if k not in used
+        and isinstance(k, str)
+        and isinstance(v, (str, int, float, bool))
+        and len(str(v)) <= 100
+    }
+    if extra:  # short scalar fields (subject, level, source, ...): eval.group_by can use them
+        meta["fields"] = extra
     return MathProblem(
         id=_optional_str(row, fields.id) or default_id,
         prompt=prompt,

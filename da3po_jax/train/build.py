@@ -28,7 +28,7 @@ from da3po_jax.train import perf
 from da3po_jax.train.checkpoint import Checkpointer
 from da3po_jax.train.collector import CollectConfig, Collector, DSConfig
 from da3po_jax.train.engine import ContinuousEngine, RolloutEngine, StaticEngine
-from da3po_jax.train.evaluation import HeldoutEval
+from da3po_jax.train.evaluation import HeldoutEval, check_group_by
 from da3po_jax.train.logger import MetricsLogger
 from da3po_jax.train.packing import PackConfig
 from da3po_jax.train.rl_step import RLStepConfig, RLUpdate
@@ -210,7 +210,7 @@ def build_trainer(
         collector.initial_carry(len(ctx.data.train)),
         collector,
         update,
-        heldout_eval(ctx, graphdef, model.cfg, eval_gen),
+        heldout_eval(ctx, graphdef, model.cfg, eval_gen, logger.write_samples),
         Checkpointer(ctx.workdir, cfg.train.keep_checkpoints, finite=("['train']",)),
         logger,
         stop=ctx.stop,
@@ -219,16 +219,27 @@ def build_trainer(
     )
 
 
-def heldout_eval(ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig) -> HeldoutEval:
+def heldout_eval(
+    ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig, on_samples=None
+) -> HeldoutEval:
     """The loop's periodic eval on the first `eval.max_prompts` held-out problems, through
-    an engine of the configured kind (its memory freed after each eval)."""
+    an engine of the configured kind (its memory freed after each eval), grouped by
+    `eval.group_by`; `eval.log_samples` responses go to `on_samples(step, records)`."""
     cfg = ctx.cfg
     problems = ctx.data.heldout[: cfg.eval.max_prompts or None]
     if not problems:
         return HeldoutEval(None, [], cfg.seed)
+    check_group_by(problems, cfg.eval.group_by)
     size = min(cfg.eval.prompts_per_call, len(problems))
     return HeldoutEval(
-        make_engine(ctx, graphdef, model_cfg, gen, problems, size), problems, cfg.seed
+        make_engine(ctx, graphdef, model_cfg, gen, problems, size),
+        problems,
+        cfg.seed,
+        by=cfg.eval.group_by,
+        tokenizer=ctx.tokenizer,
+        render=ctx.encoder.render,
+        log_samples=cfg.eval.log_samples,
+        on_samples=on_samples,
     )
 
 

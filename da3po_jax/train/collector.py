@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -155,6 +156,7 @@ class Collector:
         mesh: Mesh | None = None,
     ):
         self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
+        self.progress: Callable[[str], None] | None = None  # e.g. a progress bar's postfix
         self.round_update = jax.jit(ds_round_update, static_argnums=(3,))
         self._seed_buffer = jax.jit(ds_add_round)
         self._take = jax.jit(ds_take, static_argnums=(1,))
@@ -207,6 +209,7 @@ class Collector:
                 stats.add(groups, to_host(keep), to_host(mu), dropped.count)
             if done:  # one sync per return, none while the engine only decoded
                 count = int(pending.count)
+                self._report(count, admitted)
         batch, surplus = self._take(pending, cfg.capacity)
         self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()
@@ -216,6 +219,12 @@ class Collector:
             admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
         )
         return Collected(batch.items, batch.valid, generated, metrics), carry
+
+    def _report(self, count: int, admitted: int) -> None:
+        """Where dynamic sampling stands, for `progress` (kept groups of the batch)."""
+        if self.progress is not None:
+            kept = min(count, self.config.capacity)
+            self.progress(f"sampling: {kept}/{self.config.capacity} kept of {admitted} prompts")
 
     def _warn(self, admitted: int, count: int, dropped: int) -> None:
         cfg = self.config

@@ -177,6 +177,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "eval.max_prompts": _non_negative,
     "eval.max_new_tokens": _non_negative,
     "eval.prompts_per_call": _at_least_one,
+    "eval.group_by": lambda v: None if isinstance(v, str) else "must be a field name (a string)",
+    "eval.log_samples": _non_negative,
     "sft.steps": _non_negative,
     "sft.batch_size": _positive,
     "sft.lr": _positive,

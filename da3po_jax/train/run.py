@@ -41,6 +41,7 @@ from da3po_jax.train.setup import (
     load_datasets,
     policy_model,
     prompt_renderer,
+    scorer_kwargs,
     tokenizer_dir,
     tokenizer_for,
 )
@@ -63,7 +64,8 @@ class _PendingLogs(logging.handlers.MemoryHandler):
         super().__init__(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
         self._file: logging.Handler | None = None
         ours = logging.getLogger("da3po_jax")
-        ours.setLevel(logging.INFO)
+        if ours.level == logging.NOTSET or ours.level > logging.INFO:
+            ours.setLevel(logging.INFO)  # the log file keeps INFO lines
         ours.addHandler(self)
 
     def shouldFlush(self, record) -> bool:
@@ -143,6 +145,7 @@ def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs")
     )
     model = nnx.merge(graphdef, state.params)
     export_policy(model, out_dir, tokenizer_dir(cfg, ctx.workdir))
+    logger.plot()
     logger.close()
     return model
 
@@ -154,9 +157,11 @@ def _sft_stop_check(ctx: RunContext, graphdef, model_cfg, logger):
     engine = make_engine(ctx, graphdef, model_cfg, gen, problems, len(problems))
 
     def check(state, step: int) -> bool:
-        metrics = evaluate(engine, state.params, problems, jax.random.PRNGKey(cfg.seed + step))
+        rng = jax.random.PRNGKey(cfg.seed + step)
+        metrics = evaluate(engine, state.params, problems, rng, "", f"SFT check at step {step}")
         acc = metrics["eval/avg@4"]
         logger.write(step, {"sft/check_acc": acc}, kind="sft")
+        logger.plot()
         log.info(
             "SFT step %d: accuracy %.3f on %d training prompts (stop at %.2f)",
             step,
@@ -222,13 +227,7 @@ def train(config, workdir: str) -> dict[str, Any]:
         resuming = cfg.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
         if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
             accept()  # else once the checkpoint is restored: a damaged one may still refuse
-        scorer = RewardScorer(
-            num_workers=max(cfg.reward.num_workers, 1),
-            timeout_s=cfg.reward.timeout_s,
-            correct_reward=cfg.reward.correct,
-            incorrect_reward=cfg.reward.incorrect,
-            verifier=cfg.reward.verifier,
-        )
+        scorer = RewardScorer(**scorer_kwargs(cfg))
         try:
             with stop_on_signals() as stop:
                 ctx = RunContext(cfg, workdir, tokenizer, encoder, data, scorer, mesh, stop)
@@ -343,7 +342,7 @@ def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f)
-    metrics = _heldout_eval(ctx, teacher)
+    metrics = _heldout_eval(ctx, teacher, "teacher eval")
     k = ctx.cfg.eval.num_samples
     log.info("teacher held-out avg@%d: %.3f", k, metrics.get(f"eval/avg@{k}", float("nan")))
     if is_main_process():
@@ -352,7 +351,7 @@ def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
     return metrics
 
 
-def _heldout_eval(ctx: RunContext, model) -> dict[str, float]:
+def _heldout_eval(ctx: RunContext, model, desc: str = "eval") -> dict[str, float]:
     cfg = ctx.cfg
     if not ctx.data.heldout:
         return {}
@@ -361,7 +360,8 @@ def _heldout_eval(ctx: RunContext, model) -> dict[str, float]:
     problems = ctx.data.heldout[: cfg.eval.max_prompts or None]
     size = min(cfg.eval.prompts_per_call, len(problems))
     engine = make_engine(ctx, graphdef, model.cfg, gen, problems, size)
-    return evaluate(engine, params, problems, jax.random.PRNGKey(cfg.seed + 1))
+    rng = jax.random.PRNGKey(cfg.seed + 1)
+    return evaluate(engine, params, problems, rng, cfg.eval.group_by, desc)
 
 
 def _sft_stage(ctx: RunContext) -> dict[str, Any]:

@@ -133,7 +133,11 @@ def policy_model(
     sharding = param_sharding(mesh) if mesh is not None else None
     path = path or (None if preset else cfg.model.path)
     if path:
-        model = load_model(path, sharding=sharding, **_runtime_overrides(cfg))
+        log.info("loading %s", path)
+        with tensor_bar(os.path.basename(os.path.normpath(path))) as progress:
+            model = load_model(
+                path, sharding=sharding, progress=progress, **_runtime_overrides(cfg)
+            )
     else:
         model = init_model(
             policy_config(cfg, tokenizer, preset=preset),
@@ -146,6 +150,35 @@ def policy_model(
             f"tokenizer's {tokenizer.vocab_size}"
         )
     return model
+
+
+class tensor_bar:  # noqa: N801 - used as a context manager, like tqdm
+    """A progress bar over the tensors a model load reads (`load_model(progress=...)`),
+    process 0 only, gone once the model is loaded."""
+
+    def __init__(self, name: str):
+        self.name, self.bar = name, None
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                desc=f"loading {self.name}",
+                unit="tensor",
+                leave=False,
+                dynamic_ncols=True,
+                disable=not is_main_process(),
+            )
+        self.bar.update(done - self.bar.n)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def policy_config(
@@ -204,6 +237,18 @@ def prompt_renderer(cfg, tokenizer: Tokenizer):
         return tokenizer.render_prompt(format_prompt(problem.prompt, cfg.data.template), system)
 
     return render
+
+
+def scorer_kwargs(cfg) -> dict:
+    """`RewardScorer`'s arguments from the config's `reward` section."""
+    r = cfg.reward
+    return dict(
+        num_workers=max(r.num_workers, 1),
+        timeout_s=r.timeout_s,
+        correct_reward=r.correct,
+        incorrect_reward=r.incorrect,
+        verifier=r.verifier,
+    )
 
 
 def is_main_process() -> bool:

@@ -122,6 +122,7 @@ class RLTrainer:
             evals.append(self._log_eval())
             self._stop_if_asked()
         bar = _progress_bar(cfg, start)
+        self.collector.progress = bar.set_postfix_str  # dynamic sampling's progress
         for _ in bar:
             metrics = self.step()
             step = int(self.state.step)
@@ -189,6 +190,7 @@ class RLTrainer:
                 if k.startswith(key + "/")
             }
             log.info("eval at step %d: %s=%.3f %s", step, key, metrics[key], tiers)
+            self.logger.plot()
         return {"step": step, **metrics}
 
     def close(self) -> None:
@@ -281,6 +283,8 @@ class StepPerf:
 
 
 def _progress_bar(cfg, start: int) -> tqdm:
+    if start < cfg.train.steps:
+        log.info("step %d compiles the sampler and the update (later steps reuse them)", start + 1)
     return tqdm(
         range(start, cfg.train.steps),
         initial=start,

@@ -93,7 +93,7 @@ def test_jsonl_maps_every_common_layout(tmp_path):
     assert problems[1].solution == "Divide: $\\boxed{\\frac{1}{2}}$."
     assert problems[2].solution == "3 + 1000 = 1003\n#### 1,003"  # GSM8K's worked answer
     assert problems[0].solution is None
-    assert problems[3].meta == {"system": "Be brief."}
+    assert problems[3].meta == {"system": "Be brief.", "fields": {"data_source": "math_dapo"}}
     assert all(p.source == "mix.jsonl" for p in problems)
     assert (report.num_rows, report.num_kept, report.num_skipped) == (5, 5, 0)
 
@@ -303,3 +303,25 @@ def test_parquet_dapo_layout_and_malformed_rows(tmp_path, caplog):
     assert [n for n, _ in report.first_errors] == [1, 3]
     assert "skipping malformed row 1: missing prompt" in caplog.text
     assert load_problems(path).problems == problems
+
+
+def test_short_scalar_fields_are_kept_for_grouping(tmp_path):
+    """A row's short scalar fields (subject, level, ...) are kept in `meta["fields"]` for
+    `eval.group_by`; the prompt, the answer, long texts and nested values are not."""
+    from da3po_jax.train.evaluation import check_group_by, group_of
+
+    rows = [
+        {"problem": "What is 1+1?", "answer": "2", "subject": "arithmetic", "level": 1},
+        {"problem": "Solve x+1=3.", "answer": "2", "subject": "algebra", "notes": "x" * 300},
+        {"problem": "What is 2+2?", "answer": "4", "extra": {"nested": 1}},
+    ]
+    path = _write_lines(tmp_path / "subj.jsonl", [json.dumps(r) for r in rows])
+    problems, _ = read_jsonl(path)
+    assert problems[0].meta["fields"] == {"subject": "arithmetic", "level": 1}
+    assert problems[1].meta["fields"] == {"subject": "algebra"}
+    assert "fields" not in problems[2].meta
+    assert [group_of(p, "subject") for p in problems] == ["arithmetic", "algebra", ""]
+    assert [group_of(p, "tier") for p in problems] == ["1", "", ""]  # level is the tier
+    check_group_by(problems, "subject")
+    with pytest.raises(ValueError, match="eval.group_by='topic': no problem has that field; "):
+        check_group_by(problems, "topic")
