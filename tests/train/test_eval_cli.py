@@ -235,3 +235,42 @@ def test_a_resumed_run_drops_logged_samples_of_later_steps(tmp_path):
     logger.close()
     with open(tmp_path / "eval_samples.jsonl") as f:
         assert [json.loads(line)["response"] for line in f] == ["r1", "r2"]
+
+
+EIGHT_DEVICES = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_train_smoke import HashScorer
+import jax
+import da3po_jax.eval as eval_lib
+eval_lib.RewardScorer = HashScorer
+assert jax.device_count() == 8
+report = eval_lib.run_eval(None, {checkpoint!r}, {out!r})
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.multidevice
+def test_sharded_over_eight_devices_gives_the_same_report(run, tmp_path, hash_scorer):
+    """The run's config mesh (-1, 1, 1) spreads the eval over 8 simulated devices: the
+    parameters and prompts are sharded, and the report equals the one-device one."""
+    checkpoint = os.path.join(run.workdir, "checkpoints", "1")
+    one = eval_lib.run_eval(None, checkpoint, str(tmp_path / "one"))
+    code = EIGHT_DEVICES.format(
+        here=os.path.dirname(os.path.abspath(__file__)),
+        checkpoint=checkpoint,
+        out=str(tmp_path / "eight"),
+    )
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    eight = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert eight["settings"]["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert eight["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
+    assert read_samples(str(tmp_path / "eight")) == read_samples(str(tmp_path / "one"))
