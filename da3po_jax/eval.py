@@ -123,8 +123,10 @@ def default_out(source: Source, step: int | None = None) -> str:
     return os.path.join(source.workdir, "eval", f"step_{step}")
 
 
-def load_policy(cfg, source: Source, mesh):
-    """(step, tokenizer, policy) of `source`, sharded over `mesh`; step None for a folder."""
+def load_policy(cfg, source: Source, mesh, dtype: str = ""):
+    """(step, tokenizer, policy) of `source`, sharded over `mesh`; step None for a folder.
+    A folder loads in `cfg`'s model dtypes (which `dtype` has set), a run's checkpoint in
+    the run's own unless `dtype` is given."""
     from da3po_jax.models.tokenizer import Tokenizer
     from da3po_jax.train.restore import read_run_config, restore_policy
     from da3po_jax.train.setup import policy_model, tokenizer_dir
@@ -135,7 +137,6 @@ def load_policy(cfg, source: Source, mesh):
         return None, tokenizer, policy_model(cfg, tokenizer, source.folder, mesh)
     run_cfg = read_run_config(source.workdir)
     tokenizer = Tokenizer.load(tokenizer_dir(run_cfg, source.workdir))
-    dtype = cfg.model.param_dtype if cfg.model.param_dtype != run_cfg.model.param_dtype else ""
     step, policy = restore_policy(run_cfg, source.workdir, source.step, mesh, dtype)
     return step, tokenizer, policy
 
@@ -156,7 +157,6 @@ def run_eval(
     from da3po_jax.train.evaluation import (
         check_group_by,
         generate,
-        progress_bar,
         sample_records,
         summarize,
     )
@@ -178,7 +178,7 @@ def run_eval(
         _check_out(os.path.abspath(out), source, overwrite)
     mesh = make_mesh(cfg.mesh.shape)
     t0 = time.perf_counter()
-    step, tokenizer, policy = load_policy(cfg, source, mesh)
+    step, tokenizer, policy = load_policy(cfg, source, mesh, dtype)
     out = os.path.abspath(out or default_out(source, step))
     _check_out(out, source, overwrite)
     load_s = time.perf_counter() - t0
@@ -197,15 +197,14 @@ def run_eval(
             mesh.size,
         )
         t1 = time.perf_counter()
-        with progress_bar(len(problems), "eval") as bar:
-            rows = generate(
-                engine,
-                params,
-                problems,
-                jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 1), step or 0),
-                keep_tokens=True,
-                progress=bar.update,
-            )
+        rows = generate(
+            engine,
+            params,
+            problems,
+            jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 1), step or 0),
+            keep_tokens=True,
+            desc="eval",
+        )
         seconds = time.perf_counter() - t1
     finally:
         scorer.close()
@@ -303,7 +302,8 @@ def define_flags() -> dict[str, Any]:
             "dtype",
             "",
             ["", "float32", "bfloat16"],
-            "Parameter and compute dtype (default: the config's model.param_dtype / model.dtype).",
+            "Parameter and compute dtype (default: a run's own; for a model folder, the "
+            "config's model.param_dtype / model.dtype).",
         ),
         "overwrite": flags.DEFINE_bool("overwrite", False, "Replace a non-empty --out."),
     }

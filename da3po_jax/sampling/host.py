@@ -27,17 +27,16 @@ from da3po_jax.sampling.sampler import GenerateConfig, SampleOutput, Sampler
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Training's default `config.mesh.shape`: data parallel over every device, weights replicated.
 DEFAULT_MESH_SHAPE = (-1, 1, 1)
-DTYPES = DTYPE_NAMES  # the values of config.model.param_dtype / config.model.dtype
 
 
 def check_dtype(dtype: str) -> str:
-    """`dtype` if it is one of `DTYPES` (as `ModelConfig` checks its dtype fields).
+    """`dtype` if it is one of `DTYPE_NAMES` (as `ModelConfig` checks its dtype fields).
 
     Raises:
       ValueError: naming the value and the allowed ones.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}; expected one of {list(DTYPES)}")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {list(DTYPE_NAMES)}")
     return dtype
 
 
@@ -66,13 +65,14 @@ def parse_mesh_shape(shape: str | Sequence[int]) -> tuple[int, int, int]:
     return resolve_mesh_shape(shape, jax.device_count())
 
 
-def render_question(tokenizer: Tokenizer, question: str, template: str | None = None) -> str:
-    """The text the model sees for `question`: under a training `template` exactly what
-    `train.setup.prompt_renderer` renders (`format_prompt`, then the chat template); with
-    None the chat template alone (the question as it is)."""
-    if template is None:
-        return tokenizer.render_prompt(question)
-    return tokenizer.render_prompt(format_prompt(question, template))
+def render_question(
+    tokenizer: Tokenizer, question: str, template: str | None = None, system: str | None = None
+) -> str:
+    """The text the model sees for `question`: the training prompt `template`
+    (`format_prompt`; None: the question as it is), then the chat template with `system`.
+    Training renders its prompts with this too (`train.setup.prompt_renderer`)."""
+    text = question if template is None else format_prompt(question, template)
+    return tokenizer.render_prompt(text, system)
 
 
 def pick_bucket(length: int, buckets: Sequence[int]) -> int:
@@ -248,7 +248,7 @@ def sample_from_folder(
       tokenizer_path: tokenizer folder (default: `model_path`).
       seed: PRNG seed.
       buckets: allowed prompt lengths.
-      dtype: parameter and compute dtype, one of `DTYPES` (config.model.param_dtype and
+      dtype: parameter and compute dtype, one of `DTYPE_NAMES` (config.model.param_dtype and
         config.model.dtype); None = `load_model`'s default (float32).
       template: the training prompt template (`config.data.template`: "dapo", "boxed",
         "tiny", "raw" or a string with `{problem}`) applied to each prompt before the chat

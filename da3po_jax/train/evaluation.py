@@ -90,11 +90,7 @@ def evaluate(
 ) -> dict[str, float]:
     """avg@k and pass@k over `problems` (k = the engine's group size), overall and per
     group (`summarize`); with `desc`, a progress bar of that name counts the prompts."""
-    problems = list(problems)
-    if not desc:
-        return summarize(generate(engine, params, problems, rng), engine.group_size, by)
-    with progress_bar(len(problems), desc) as bar:
-        rows = generate(engine, params, problems, rng, progress=bar.update)
+    rows = generate(engine, params, problems, rng, desc=desc)
     return summarize(rows, engine.group_size, by)
 
 
@@ -129,14 +125,15 @@ def generate(
     rng: jax.Array,
     *,
     keep_tokens: bool | int = False,
-    progress: Callable[[int], None] | None = None,
+    desc: str = "",
 ) -> list[EvalRow]:
     """Samples and scores every problem; its `EvalRow`s in the order of `problems`.
 
     Args:
       keep_tokens: keep the response tokens of every row (True) or of the first n rows
         (an int), for `sample_records`.
-      progress: called with the number of problems finished by each engine return.
+      desc: with a name, a progress bar of that name counts the problems finished
+        (process 0 only; gone once done).
     """
     problems = list(problems)
     keep = len(problems) if keep_tokens is True else int(keep_tokens)
@@ -145,6 +142,7 @@ def generate(
         where[id(p)].append(i)
     rows: list[Any] = [None] * len(problems)
     engine.sync_weights(params)
+    bar = _progress_bar(len(problems), desc)
     try:
         start = 0
         while start < len(problems) or engine.in_flight():
@@ -155,10 +153,10 @@ def generate(
                 continue
             for groups in engine.finished():
                 _collect(groups, where, rows, keep)
-                if progress is not None:
-                    progress(len(groups.problems))
+                bar.update(len(groups.problems))
     finally:  # the eval cache is not kept alive past evaluation (what the planner counts)
         engine.release()
+        bar.close()
     return rows
 
 
@@ -211,8 +209,8 @@ def sample_records(
     return out
 
 
-def progress_bar(total: int, desc: str):
-    """A bar over evaluated prompts (process 0 only; gone once done)."""
+def _progress_bar(total: int, desc: str):
+    """A bar over evaluated prompts, shown when `desc` names it, on process 0 only."""
     from tqdm import tqdm
 
     return tqdm(
@@ -221,7 +219,7 @@ def progress_bar(total: int, desc: str):
         unit="prompt",
         dynamic_ncols=True,
         leave=False,
-        disable=jax.process_index() != 0,
+        disable=not desc or jax.process_index() != 0,
     )
 
 
@@ -259,15 +257,14 @@ class HeldoutEval:
         rng = jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), step)
         logged = self.log_samples if self.tokenizer is not None and self.on_samples else 0
         k = self.engine.group_size
-        with progress_bar(len(self.problems), f"eval at step {step}") as bar:
-            rows = generate(
-                self.engine,
-                params,
-                self.problems,
-                rng,
-                keep_tokens=-(-logged // k),
-                progress=bar.update,
-            )
+        rows = generate(
+            self.engine,
+            params,
+            self.problems,
+            rng,
+            keep_tokens=-(-logged // k),
+            desc=f"eval at step {step}",
+        )
         if logged:
             records = sample_records(rows, self.tokenizer, self.render)[:logged]
             self.on_samples(step, records)

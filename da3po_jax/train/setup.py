@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -13,7 +14,6 @@ from da3po_jax.data import (
     FieldSpec,
     MathProblem,
     corpus,
-    format_prompt,
     generate_split,
     load_problems,
 )
@@ -22,6 +22,7 @@ from da3po_jax.models.config import RUNTIME_FIELDS
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.parallel import param_sharding
 from da3po_jax.sampling import GenerateConfig
+from da3po_jax.sampling.host import render_question
 
 log = logging.getLogger(__name__)
 
@@ -152,33 +153,32 @@ def policy_model(
     return model
 
 
-class tensor_bar:  # noqa: N801 - used as a context manager, like tqdm
-    """A progress bar over the tensors a model load reads (`load_model(progress=...)`),
-    process 0 only, gone once the model is loaded."""
+@contextlib.contextmanager
+def tensor_bar(name: str):
+    """A `progress(done, total)` callback for `load_model` that draws a bar over the
+    tensors read (process 0 only; gone once the model is loaded)."""
+    bar = None
 
-    def __init__(self, name: str):
-        self.name, self.bar = name, None
-
-    def __enter__(self):
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(
+            bar = tqdm(
                 total=total,
-                desc=f"loading {self.name}",
+                desc=f"loading {name}",
                 unit="tensor",
                 leave=False,
                 dynamic_ncols=True,
                 disable=not is_main_process(),
             )
-        self.bar.update(done - self.bar.n)
+        bar.update(done - bar.n)
 
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def policy_config(
@@ -234,7 +234,7 @@ def prompt_renderer(cfg, tokenizer: Tokenizer):
     system = cfg.tokenizer.system_prompt or None
 
     def render(problem: MathProblem) -> str:
-        return tokenizer.render_prompt(format_prompt(problem.prompt, cfg.data.template), system)
+        return render_question(tokenizer, problem.prompt, cfg.data.template, system)
 
     return render
 
