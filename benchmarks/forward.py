@@ -67,7 +67,7 @@ import numpy as np
 from flax import nnx
 
 from da3po_jax.models import get_preset, init_model, positions_from_mask
-from da3po_jax.train.perf import forward_flops, peak_flops
+from da3po_jax.runtime.perf import forward_flops, peak_flops
 
 SUITES = ("forward", "memory", "packing", "compile", "torch")
 # Per-suite values of the shared flags left unset on the command line.
@@ -292,7 +292,7 @@ def suite_memory(args) -> dict:
 # ------------------------------------------------------------------------ packing suite
 def _group_batch(args, vocab: int):
     """A `GroupBatch` of `--prompts` groups of `--group` responses, and its facts."""
-    from da3po_jax.train.batch import GroupBatch
+    from da3po_jax.rollout.batch import GroupBatch
 
     rng = np.random.default_rng(args.seed)
     n, g, tp, tn = args.prompts, args.group, args.prompt_bucket, args.cap
@@ -330,9 +330,9 @@ def _group_batch(args, vocab: int):
 
 def _rl_config(args, pack):
     from da3po_jax.rl import AdvantageConfig, LossConfig, OverlongConfig
-    from da3po_jax.train.rl_step import RLStepConfig
+    from da3po_jax.update import UpdateConfig
 
-    return RLStepConfig(
+    return UpdateConfig(
         group_size=args.group,
         mini_batch_prompts=args.prompts,
         micro_batch_prompts=args.micro_prompts,
@@ -346,9 +346,9 @@ def _rl_config(args, pack):
 
 
 def _update_modes(args, batch, valid, row_len: int) -> dict:
-    """name -> (RLStepConfig, plan or None, tokens the forward computes, micro-batches)."""
-    from da3po_jax.train.packing import PackConfig
-    from da3po_jax.train.rl_step import pack_plan
+    """name -> (UpdateConfig, plan or None, tokens the forward computes, micro-batches)."""
+    from da3po_jax.update import pack_plan
+    from da3po_jax.update.packing import PackConfig
 
     rows = args.prompts * args.group
     micro = args.prompts // (args.micro_prompts or args.prompts)
@@ -357,7 +357,7 @@ def _update_modes(args, batch, valid, row_len: int) -> dict:
         length, n_rows = (int(x) for x in item.lower().split("x"))
         pack = PackConfig(length=length, rows=n_rows).resolve(row_len)
         cfg = _rl_config(args, pack)
-        plan = pack_plan(batch, valid, cfg)
+        plan, _ = pack_plan(batch, valid, cfg)
         used = len(set(np.asarray(plan.micro)[np.asarray(plan.micro) >= 0].tolist()))
         modes[f"packed_{pack.length}x{pack.rows}"] = (
             cfg,
@@ -371,8 +371,8 @@ def _update_modes(args, batch, valid, row_len: int) -> dict:
 def suite_packing(args) -> dict:
     import optax
 
-    from da3po_jax.train.rl_step import rl_update
-    from da3po_jax.train.state import init_train_state
+    from da3po_jax.update import rl_update
+    from da3po_jax.update.state import init_train_state
 
     cfg = _config(args)
     tx = optax.adamw(1e-6)

@@ -57,12 +57,13 @@ def run(args, engine: str) -> dict:
     sys.path.insert(0, os.path.join(ROOT, "configs"))
     import tiny_math
 
+    from da3po_jax.config import resolve_settings
     from da3po_jax.models import get_preset, init_model
     from da3po_jax.rewards import RewardScorer
-    from da3po_jax.train.build import RunContext, build_trainer
-    from da3po_jax.train.config import resolve_config
-    from da3po_jax.train.rollout import PromptEncoder
-    from da3po_jax.train.setup import load_datasets, prompt_renderer, tokenizer_for
+    from da3po_jax.rollout import PromptEncoder
+    from da3po_jax.run.build import build_trainer
+    from da3po_jax.run.context import RunContext
+    from da3po_jax.run.inputs import load_datasets, prompt_renderer, tokenizer_for
 
     c = tiny_math.get_config()
     c.algo = args.algo
@@ -76,11 +77,11 @@ def run(args, engine: str) -> dict:
     c.sft.enable = False
     c.rollout.engine, c.rollout.slots = engine, args.slots
     c.rollout.steps_per_call = args.steps_per_call
-    cfg = resolve_config(c)
+    cfg = resolve_settings(c)
     workdir = tempfile.mkdtemp(prefix="rl_step_bench_")
     tokenizer = tokenizer_for(cfg, workdir)
-    data = load_datasets(cfg)
-    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
+    data = load_datasets(cfg.data, cfg.seed)
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.buckets)
     scorer = RewardScorer(num_workers=1)
     # The preset's own shapes (vocabulary included), not resized to the tiny tokenizer.
     model = init_model(

@@ -39,8 +39,8 @@ from flax import nnx
 
 from da3po_jax.models import get_preset, init_model, param_table
 from da3po_jax.models.config import ModelConfig
+from da3po_jax.runtime.perf import peak_flops
 from da3po_jax.sampling import GenerateConfig, generate_with_cache, new_cache
-from da3po_jax.train.perf import peak_flops
 
 _BYTES = {"float32": 4, "bfloat16": 2}
 

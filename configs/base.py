@@ -54,7 +54,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data.synthetic_sft = 4000
 
     c.rollout = config_dict.ConfigDict()
-    c.rollout.engine = "static"  # static | continuous (train/build.py: ENGINES)
+    c.rollout.engine = "static"  # static | continuous (rollout/engines.py: ENGINES)
     c.rollout.slots = 64  # continuous: rows decoded together (S)
     c.rollout.steps_per_call = 16  # continuous: decode steps per jitted call (K)
     c.rollout.attention_block = 128  # continuous: keys per decode-attention block

@@ -37,7 +37,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from da3po_jax.cli import setup_logging
-from da3po_jax.rewards import RewardScorer  # no JAX: --help stays fast
 
 log = logging.getLogger("da3po_jax.eval")
 
@@ -85,31 +84,28 @@ def _step_shorthand(path: str) -> str:
 
 
 def eval_config(config, source: Source, dtype: str = "", group_by: str | None = None):
-    """The resolved config the evaluation follows: `config`, else the run's own; with
-    `dtype` and `group_by` (the flags) set on it."""
-    from ml_collections import config_dict
-
-    from da3po_jax.train import config as config_lib
-    from da3po_jax.train.restore import read_run_config
+    """The settings the evaluation follows: `config`'s, else the run's own; with `dtype`
+    and `group_by` (the flags) set on them."""
+    from da3po_jax.config import resolve_settings
+    from da3po_jax.run.saved_run import read_run_config
 
     if config is None:
         if not source.workdir:
             raise EvalError("--config is required to evaluate a Hugging Face model folder")
         config = read_run_config(source.workdir)
-    c = config_dict.ConfigDict(config.to_dict() if hasattr(config, "to_dict") else config)
-    c.mesh.shape = tuple(c.mesh.shape)
+    values = config.to_dict()
     if dtype:
-        c.model.param_dtype = c.model.dtype = dtype
+        values["model"]["param_dtype"] = values["model"]["dtype"] = dtype
     if group_by is not None:
-        c.eval.group_by = group_by
+        values["eval"]["group_by"] = group_by
     if source.folder:
-        c.model.path = source.folder
-    return config_lib.resolve_config(c)
+        values["model"]["path"] = source.folder
+    return resolve_settings(values)
 
 
 def _check_out(out: str, source: Source, overwrite: bool) -> None:
-    """`restore.check_out`'s refusals, as this command's error."""
-    from da3po_jax.train.restore import ExportError, check_out
+    """`saved_run.check_out`'s refusals, as this command's error."""
+    from da3po_jax.run.saved_run import ExportError, check_out
 
     try:
         check_out(out, source.workdir or source.folder, overwrite)
@@ -123,21 +119,22 @@ def default_out(source: Source, step: int | None = None) -> str:
     return os.path.join(source.workdir, "eval", f"step_{step}")
 
 
-def load_policy(cfg, source: Source, mesh, dtype: str = ""):
+def load_policy(s, source: Source, mesh, dtype: str = ""):
     """(step, tokenizer, policy) of `source`, sharded over `mesh`; step None for a folder.
-    A folder loads in `cfg`'s model dtypes (which `dtype` has set), a run's checkpoint in
-    the run's own unless `dtype` is given."""
+    A folder loads in the settings' model dtypes (which `dtype` has set), a run's
+    checkpoint in the run's own unless `dtype` is given."""
     from da3po_jax.models.tokenizer import Tokenizer
-    from da3po_jax.train.restore import read_run_config, restore_policy
-    from da3po_jax.train.setup import policy_model, tokenizer_dir
+    from da3po_jax.run.inputs import policy_model, tokenizer_dir
+    from da3po_jax.run.saved_run import read_run_config, restore_policy
 
     if source.folder:
-        tokenizer = Tokenizer.load(cfg.tokenizer.path or source.folder)
+        tokenizer = Tokenizer.load(s.tokenizer.path or source.folder)
         log.info("loading %s", source.folder)
-        return None, tokenizer, policy_model(cfg, tokenizer, source.folder, mesh)
-    run_cfg = read_run_config(source.workdir)
-    tokenizer = Tokenizer.load(tokenizer_dir(run_cfg, source.workdir))
-    step, policy = restore_policy(run_cfg, source.workdir, source.step, mesh, dtype)
+        policy = policy_model(s.model, tokenizer, seed=s.seed, path=source.folder, mesh=mesh)
+        return None, tokenizer, policy
+    run = read_run_config(source.workdir)
+    tokenizer = Tokenizer.load(tokenizer_dir(run, source.workdir))
+    step, policy = restore_policy(run, source.workdir, source.step, mesh, dtype)
     return step, tokenizer, policy
 
 
@@ -149,89 +146,84 @@ def run_eval(
 
     Every refusal (bad `checkpoint`, no held-out problems, an unknown group field, `out`
     in the way) comes before anything is written."""
-    import jax
-    from flax import nnx
-
     from da3po_jax.parallel import is_main_process, make_mesh
-    from da3po_jax.train.build import RunContext, make_engine
-    from da3po_jax.train.evaluation import (
-        check_group_by,
-        generate,
-        sample_records,
-        summarize,
-    )
-    from da3po_jax.train.rollout import PromptEncoder
-    from da3po_jax.train.setup import (
-        generate_configs,
-        load_datasets,
-        prompt_renderer,
-        scorer_kwargs,
-    )
+    from da3po_jax.run.evaluation import check_group_by, sample_records, summarize
+    from da3po_jax.run.inputs import load_datasets
 
     source = resolve_checkpoint(_step_shorthand(checkpoint))
-    cfg = eval_config(config, source, dtype, group_by)
-    problems = load_datasets(cfg).heldout[: cfg.eval.max_prompts or None]
+    s = eval_config(config, source, dtype, group_by)
+    data = load_datasets(s.data, s.seed)
+    problems = data.heldout[: s.eval.max_prompts or None]
     if not problems:
         raise EvalError("the config has no held-out problems (data.eval_path / synthetic_eval)")
-    check_group_by(problems, cfg.eval.group_by)
+    check_group_by(problems, s.eval.group_by)
     if out:
         _check_out(os.path.abspath(out), source, overwrite)
-    mesh = make_mesh(cfg.mesh.shape)
+    mesh = make_mesh(s.mesh.shape)
     t0 = time.perf_counter()
-    step, tokenizer, policy = load_policy(cfg, source, mesh, dtype)
+    step, tokenizer, policy = load_policy(s, source, mesh, dtype)
     out = os.path.abspath(out or default_out(source, step))
     _check_out(out, source, overwrite)
     load_s = time.perf_counter() - t0
-    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
-    gen = generate_configs(cfg, tokenizer)[1]
-    scorer = RewardScorer(**scorer_kwargs(cfg))
-    try:
-        ctx = RunContext(cfg, out, tokenizer, encoder, None, scorer, mesh)
+    t1 = time.perf_counter()
+    rows, render = _generate(s, out, tokenizer, data, mesh, policy, step)
+    seconds = time.perf_counter() - t1
+    k = s.eval.num_samples
+    report = {
+        "checkpoint": source.folder or source.workdir,
+        "step": step,
+        "k": k,
+        "group_by": s.eval.group_by,
+        "num_prompts": len(problems),
+        "metrics": summarize(rows, k, s.eval.group_by),
+        "settings": _report_settings(s, policy, mesh),
+        "seconds": {"load": round(load_s, 3), "generate_and_score": round(seconds, 3)},
+        "out": out,
+    }
+    if is_main_process():
+        write_report(out, report, sample_records(rows, tokenizer, render))
+    return report
+
+
+def _generate(s, out: str, tokenizer, data, mesh, policy, step):
+    """(every held-out problem's `EvalRow` with its tokens, the prompt renderer), sampled
+    with the keys of the training loop's eval at `step` (a model folder: step 0)."""
+    import jax
+    from flax import nnx
+
+    from da3po_jax.run.build import eval_engine, heldout_problems
+    from da3po_jax.run.context import open_context
+    from da3po_jax.run.evaluation import generate
+    from da3po_jax.run.inputs import generate_configs
+
+    gen = generate_configs(s, tokenizer)[1]
+    with open_context(s, out, tokenizer, data, mesh) as ctx:
+        problems = heldout_problems(ctx)
         graphdef, params = nnx.split(policy)
-        size = min(cfg.eval.prompts_per_call, len(problems))
-        engine = make_engine(ctx, graphdef, policy.cfg, gen, problems, size)
+        engine = eval_engine(ctx, graphdef, policy.cfg, gen, problems)
         log.info(
             "evaluating %d prompts x %d samples on %d devices",
             len(problems),
             gen.num_samples,
             mesh.size,
         )
-        t1 = time.perf_counter()
-        rows = generate(
-            engine,
-            params,
-            problems,
-            jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 1), step or 0),
-            keep_tokens=True,
-            desc="eval",
-        )
-        seconds = time.perf_counter() - t1
-    finally:
-        scorer.close()
-    metrics = summarize(rows, gen.num_samples, cfg.eval.group_by)
-    report = {
-        "checkpoint": source.folder or source.workdir,
-        "step": step,
-        "k": gen.num_samples,
-        "group_by": cfg.eval.group_by,
-        "num_prompts": len(problems),
-        "metrics": metrics,
-        "settings": {
-            "temperature": gen.temperature,
-            "top_p": gen.top_p,
-            "max_new_tokens": gen.max_new_tokens,
-            "param_dtype": policy.cfg.param_dtype,
-            "dtype": policy.cfg.dtype,
-            "mesh": dict(mesh.shape),
-            "verifier": cfg.reward.verifier,
-            "template": cfg.data.template,
-        },
-        "seconds": {"load": round(load_s, 3), "generate_and_score": round(seconds, 3)},
-        "out": out,
+        rng = jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), step or 0)
+        rows = generate(engine, params, problems, rng, keep_tokens=True, desc="eval")
+        return rows, ctx.encoder.render
+
+
+def _report_settings(s, policy, mesh) -> dict[str, Any]:
+    """The settings that decide the report's numbers."""
+    return {
+        "temperature": s.eval.temperature,
+        "top_p": s.eval.top_p,
+        "max_new_tokens": s.eval_max_new_tokens,
+        "param_dtype": policy.cfg.param_dtype,
+        "dtype": policy.cfg.dtype,
+        "mesh": dict(mesh.shape),
+        "verifier": s.reward.verifier,
+        "template": s.data.template,
     }
-    if is_main_process():
-        write_report(out, report, sample_records(rows, tokenizer, encoder.render))
-    return report
 
 
 def write_report(out: str, report: dict[str, Any], records: list[dict[str, Any]]) -> None:
@@ -314,7 +306,7 @@ def main(argv: list[str], f: dict[str, Any]) -> None:
     naming the problem on any error."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from da3po_jax.train.signals import run_reporting_errors  # after flags: fast --help
+    from da3po_jax.runtime.signals import run_reporting_errors  # after flags: fast --help
 
     setup_logging()
 

@@ -4,7 +4,7 @@ Turns a checkpoint of a training run (the newest, or step `--step`) into a Huggi
 folder (config.json, safetensors, the run's tokenizer files) that `transformers` loads with
 the same logits, as the end of a run writes `final_model`: the run's own config.json gives
 the architecture and tokenizer, only the policy's parameters are read from the checkpoint
-(not the optimizer state), and `train.run.export_policy` writes the folder.
+(not the optimizer state), and `run.saved_run.export_policy` writes the folder.
 
 Nothing is changed but `--out`: a damaged step is reported (not moved aside, as a resumed
 run would), and an existing non-empty `--out` is replaced only with `--overwrite`.
@@ -49,16 +49,19 @@ def export_checkpoint(
       ExportError: a refusal, named.
       CheckpointError: the step's files are damaged (its digest check failed).
     """
-    from da3po_jax.train.restore import check_out, read_run_config, restore_policy
+    from da3po_jax.run.inputs import tokenizer_dir
+    from da3po_jax.run.saved_run import (
+        check_out,
+        export_policy,
+        read_run_config,
+        restore_policy,
+    )
 
     workdir, out = os.path.abspath(workdir), os.path.abspath(out)
-    cfg = read_run_config(workdir)
+    settings = read_run_config(workdir)
     check_out(out, workdir, overwrite)
-    from da3po_jax.train.run import export_policy
-    from da3po_jax.train.setup import tokenizer_dir
-
-    step, model = restore_policy(cfg, workdir, step)
-    export_policy(model, out, tokenizer_dir(cfg, workdir), overwrite=overwrite)
+    step, model = restore_policy(settings, workdir, step)
+    export_policy(model, out, tokenizer_dir(settings, workdir), overwrite=overwrite)
     return step, out
 
 
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     setup_logging()
-    from da3po_jax.train.signals import run_reporting_errors  # after flags: fast --help
+    from da3po_jax.runtime.signals import run_reporting_errors  # after flags: fast --help
 
     def run() -> None:
         step, out = export_checkpoint(

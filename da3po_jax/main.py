@@ -57,8 +57,8 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     setup_logging()
     from da3po_jax.parallel import initialize  # after flag parsing: keeps --help fast
-    from da3po_jax.train import train
-    from da3po_jax.train.signals import run_reporting_errors
+    from da3po_jax.run import train
+    from da3po_jax.runtime.signals import run_reporting_errors
 
     def run() -> None:
         initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

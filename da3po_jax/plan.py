@@ -18,7 +18,7 @@ What is counted (per device, bytes):
   the sharding rules (`parallel.rules.spec_for` on an `AbstractMesh`: each dimension is
   divided by the mesh axes its spec names; no devices needed). Shapes come from
   `nnx.eval_shape` / `jax.eval_shape` of the real constructors, so nothing is guessed.
-* grads: 2 x params in the parameter dtype. `rl_step` accumulates micro-batch gradients
+* grads: 2 x params in the parameter dtype. The update accumulates micro-batch gradients
   in a `lax.scan` carry, so the accumulator and the current micro-batch's gradients are
   both alive in the worst case (assumption: XLA does not fuse the add into the backward).
 * kv_cache: the largest of the rollout cache (rows = round prompts x group_size, where
@@ -51,7 +51,7 @@ What is counted (per device, bytes):
   time in the compute dtype; 2x for prefetching.
 * batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
   (the engine's `max_in_flight` groups: one round, or 4 x slots / group_size), as the
-  trainer builds them (`batch.GroupBatch.zeros`: prompt tokens and mask, response tokens,
+  trainer builds them (`rollout.GroupBatch.zeros`: prompt tokens and mask, response tokens,
   mask and both log-probs, the per-response scalars), slots split over data x fsdp when
   divisible; exact but for the prompt length (the trainer pads to the
   longest training prompt's bucket, at most this one).
@@ -81,10 +81,16 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType
 
+from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.models.attention import resolve_impl
-from da3po_jax.models.config import RUNTIME_FIELDS, ModelConfig
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.presets import get_preset
 from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
+from da3po_jax.rl import ds_empty_buffer
+from da3po_jax.rollout import GroupBatch
+from da3po_jax.run.inputs import preset_vocab
+from da3po_jax.update.state import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -208,19 +214,21 @@ def abstract_params(model_cfg: ModelConfig) -> Any:
     return nnx.split(abstract)[1]
 
 
-def model_config(section: Any, vocab_size: int | None = None) -> ModelConfig:
-    """The `ModelConfig` of a `config.model`-like section (path, preset, dtypes...).
+def plan_settings(config: Any) -> Settings:
+    """The settings of a recipe to plan: validated as a run's, except that the run's
+    inputs (tokenizer folder, training data) need not be named yet."""
+    return resolve_settings(config, inputs=False)
 
-    `path` with a config.json wins; otherwise `preset` is used (with a warning when a
-    path was given: planning usually happens before the weights are downloaded).
-    """
-    from da3po_jax.models.presets import get_preset
 
-    get = section.get if hasattr(section, "get") else lambda k, d=None: getattr(section, k, d)
-    overrides = {k: get(k) for k in RUNTIME_FIELDS if get(k, None) is not None}
-    path, preset = get("path", "") or "", get("preset", "") or ""
+def model_config(
+    path: str, preset: str, runtime: dict[str, Any], vocab_size: int | None = None
+) -> ModelConfig:
+    """The `ModelConfig` of a model folder or preset, with a run's runtime fields (dtypes,
+    remat, ...). `path` with a config.json wins; otherwise `preset` is used (with a
+    warning when a path was given: planning usually happens before the weights are
+    downloaded)."""
     if path and os.path.isfile(os.path.join(path, "config.json")):
-        return ModelConfig.from_hf_folder(path, **overrides)
+        return ModelConfig.from_hf_folder(path, **runtime)
     if not preset:
         raise ValueError(
             f"model.path={path!r} has no config.json here and model.preset is empty: set "
@@ -228,8 +236,7 @@ def model_config(section: Any, vocab_size: int | None = None) -> ModelConfig:
         )
     if path:
         log.warning("model.path=%r has no config.json here; planning with preset %r", path, preset)
-    if vocab_size:
-        overrides["vocab_size"] = vocab_size
+    overrides = dict(runtime, **({"vocab_size": vocab_size} if vocab_size else {}))
     return get_preset(preset, **overrides)
 
 
@@ -244,9 +251,6 @@ def group_buffer_nbytes(
     """Per-device bytes of a `DSBuffer` of `capacity` groups as the trainer builds it
     (`GroupBatch.zeros` + `ds_empty_buffer`: every `GroupBatch` field, the valid mask and
     the count), its slots split over `batch_devs` devices when they divide."""
-    from da3po_jax.rl import ds_empty_buffer
-    from da3po_jax.train.batch import GroupBatch
-
     like = lambda: GroupBatch.zeros(capacity, group_size, prompt_len, max_new_tokens)  # noqa: E731
     shapes = jax.eval_shape(lambda: ds_empty_buffer(like(), capacity))
     total = 0
@@ -256,8 +260,212 @@ def group_buffer_nbytes(
     return total
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The shapes the estimates read: settings, mesh, model, device, prompt length."""
+
+    s: Settings
+    mesh: AbstractMesh
+    mc: ModelConfig
+    device: str
+    tp: int
+
+    @property
+    def batch_devs(self) -> int:
+        return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+    @property
+    def cbytes(self) -> int:
+        return _BYTES[self.mc.dtype]
+
+    @property
+    def heads_dev(self) -> int:
+        return _div(self.mc.num_heads, self.mesh.shape["tensor"])
+
+    @property
+    def kv_dev(self) -> int:
+        return _div(self.mc.num_kv_heads, self.mesh.shape["tensor"])
+
+    @property
+    def attention(self) -> str:
+        """The kernel `model.attention` resolves to on this device kind."""
+        backend = DEVICE_BACKEND.get(self.device, "cpu")
+        return resolve_impl(self.s.model.attention, backend, self.mc.dtype, self.mc.head_dim)
+
+
+def _attention_bytes(r: _Run, rows: int, seq: int) -> int:
+    """Attention work of `rows` sequences of `seq` tokens: the naive path's f32 scores
+    and probs [rows, heads, seq, seq]; a blockwise kernel's one block of them (x2 for the
+    backward's dS, dP) and its per-query statistics; cuDNN's is blockwise too, but it
+    takes the segment rule as a [rows, 1, seq, seq] bool mask that it turns into a
+    compute-dtype bias (`models.attention.cudnn_arguments`), O(T^2)."""
+    impl, cb = r.attention, r.cbytes
+    if impl == "naive":
+        return rows * r.heads_dev * seq * seq * (4 + cb)
+    block = min(r.s.model.attention_block, seq)
+    blockwise = rows * r.heads_dev * (2 * block * block * (4 + cb) + seq * 4 * 3)
+    return blockwise + (rows * seq * seq * (1 + cb) if impl == "cudnn" else 0)
+
+
+def _cache_bytes(r: _Run, prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
+    """(KV cache, rollout work, cache slots) of a static sampler call of `prompts` x
+    `samples` rows."""
+    mc, cb, tp = r.mc, r.cbytes, r.tp
+    rows_dev = _div(prompts, r.batch_devs) * samples
+    slots = tp + new_tokens - 1
+    kv = 2 * mc.num_layers * rows_dev * slots * r.kv_dev * mc.head_dim * cb + rows_dev * slots
+    p_dev = _div(prompts, r.batch_devs)
+    small = 2 * mc.num_layers * p_dev * tp * r.kv_dev * mc.head_dim * cb
+    prefill_attn = _attention_bytes(r, p_dev, tp)
+    decode = rows_dev * mc.vocab_size * 4 * 3 + rows_dev * r.heads_dev * slots * (4 + cb)
+    loop = rows_dev * new_tokens * 12
+    return kv, small + max(prefill_attn, decode) + loop, slots
+
+
+def _slot_bytes(r: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
+    """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each."""
+    mc, cb, tp, ro = r.mc, r.cbytes, r.tp, r.s.rollout
+    block = ro.attention_block
+    rows_dev = _div(ro.slots, r.batch_devs)
+    slots = -(-(tp + new_tokens - 1) // block) * block
+    kv = 2 * mc.num_layers * rows_dev * slots * r.kv_dev * mc.head_dim * cb
+    p_dev = max(1, ro.slots // samples)  # one admission's prompts
+    small = 2 * mc.num_layers * p_dev * tp * r.kv_dev * mc.head_dim * cb
+    prefill_attn = _attention_bytes(r, p_dev, tp)
+    decode = rows_dev * mc.vocab_size * 4 * 3 + rows_dev * r.heads_dev * block * (4 + cb) * 2
+    return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
+
+
+def _rollout_phase(r: _Run) -> dict[str, int]:
+    """The larger of the rollout and eval caches with its work buffers, and the rows and
+    slots of each (the continuous engine's slots serve rollout and eval alike)."""
+    s = r.s
+    g, tn, eval_g, eval_tn = (
+        s.rollout.group_size,
+        s.rollout.max_new_tokens,
+        s.eval.num_samples,
+        s.eval_max_new_tokens,
+    )
+    if s.rollout.engine == "continuous":
+        roll, ev = _slot_bytes(r, g, tn), _slot_bytes(r, eval_g, eval_tn)
+        rows = {"rollout_rows": s.rollout.slots, "eval_rows": s.rollout.slots}
+    else:
+        roll = _cache_bytes(r, s.round_size, g, tn)
+        ev = _cache_bytes(r, s.eval.prompts_per_call, eval_g, eval_tn)
+        rows = {"rollout_rows": s.round_size * g, "eval_rows": s.eval.prompts_per_call * eval_g}
+    kv, work, _ = roll if roll[0] >= ev[0] else ev
+    return {
+        "kv_cache": kv,
+        "rollout_work": work,
+        "rollout_slots": roll[2],
+        "eval_slots": ev[2],
+    } | rows
+
+
+def _train_phase(r: _Run) -> dict[str, int]:
+    """Activations of one train micro-batch (packed: pack_rows x pack_length) and the
+    micro-batch's shape (see the module docstring)."""
+    s, mc, cb = r.s, r.mc, r.cbytes
+    g, h, tn = s.rollout.group_size, mc.hidden_size, s.rollout.max_new_tokens
+    mb_rows = s.rl.mini_batch_prompts * g
+    if s.rl.packing:
+        micro_rows, seq = s.rl.pack_rows, s.rl.pack_length or r.tp + tn
+    else:
+        micro_rows, seq = (s.rl.micro_batch_prompts or s.rl.mini_batch_prompts) * g, r.tp + tn
+    b = _div(micro_rows, r.batch_devs)
+    k_noremat = 8 + 4 * mc.intermediate_size / h
+    layer_full = b * seq * h * cb * k_noremat + _attention_bytes(r, b, seq)
+    if mc.remat:
+        saved = mc.num_layers * b * seq * h * cb + 2 * layer_full
+    else:
+        saved = mc.num_layers * layer_full + layer_full
+    logits_block = b * min(mc.logits_chunk, seq) * mc.vocab_size * 4 * 3
+    # packed: the mini-batch's [rows, Tp + Tn] scatter indices and the [rows, Tn] f32
+    # log-probs, entropies, loss terms and their gradients the loss reads back
+    pack_work = 12 * _div(mb_rows, r.batch_devs) * (r.tp + tn) * 4 if s.rl.packing else 0
+    activations = int(saved + logits_block + 2 * b * seq * h * 4 + pack_work)
+    return {"activations": activations, "micro_rows": micro_rows, "b": b, "seq": seq}
+
+
+def _resident(r: _Run) -> dict[str, Any]:
+    """Exact bytes from the sharding rules: parameters, optimizer state, gradients, the
+    reference and teacher copies; and the batch buffers and FSDP all-gathers."""
+    s, mc = r.s, r.mc
+    params_abs = abstract_params(mc)
+    params = tree_nbytes(params_abs, r.mesh)
+    tx, _ = make_optimizer(s.optim, max(s.train.steps, 1))
+    teacher, teacher_name = 0, s.teacher.path or s.teacher.preset
+    if teacher_name:  # `run.teacher.load_teacher` builds it with the policy's dtypes
+        try:
+            tcfg = model_config(
+                s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s)
+            )
+        except ValueError:
+            log.warning(
+                "teacher %r has no config.json here: assuming the policy's shapes", teacher_name
+            )
+            tcfg = mc
+        teacher = tree_nbytes(abstract_params(tcfg), r.mesh)
+    g, tn, devs = s.rollout.group_size, s.rollout.max_new_tokens, r.batch_devs
+    batch = group_buffer_nbytes(g, r.tp, tn, s.rl.train_prompts, devs)
+    batch += group_buffer_nbytes(g, r.tp, tn, s.surplus_capacity, devs)
+    v_h = mc.vocab_size * mc.hidden_size
+    layer_params = (mc.num_params() - v_h * (1 if mc.tie_word_embeddings else 2)) // mc.num_layers
+    gathered = 2 * max(layer_params, v_h) * r.cbytes if r.mesh.shape["fsdp"] > 1 else 0
+    return {
+        "params": params,
+        "optimizer": tree_nbytes(jax.eval_shape(tx.init, params_abs), r.mesh),
+        "grads": 2 * params,
+        "reference": params if s.loss.kl_coef > 0 else 0,
+        "teacher": teacher,
+        "teacher_name": teacher_name,
+        "batch": batch,
+        "gathered": gathered,
+    }
+
+
+def _vocab(s: Settings) -> int | None:
+    """A random policy's vocabulary when the run builds the tiny tokenizer (as
+    `run.inputs.policy_config` sizes it), else None (the model's own)."""
+    if not s.model.path and s.tokenizer.build_tiny:
+        return preset_vocab(s.tokenizer.vocab_size)
+    return None
+
+
+def _device_bytes(device: str, device_gib: float | None) -> int:
+    if device_gib is None:
+        if device not in DEVICE_GIB:
+            raise ValueError(f"unknown device {device!r}; known: {sorted(DEVICE_GIB)}")
+        device_gib = DEVICE_GIB[device]
+    return int(device_gib * GiB)
+
+
+def _info(r: _Run, res: dict, roll: dict, train: dict) -> dict[str, Any]:
+    """What the plan is of (model, mesh, device, engine, attention, packing) and the shapes
+    it counted (rows and slots of the caches, the train micro-batch)."""
+    s, mc = r.s, r.mc
+    return {
+        "model": s.model.path or s.model.preset,
+        "num_params": mc.num_params(),
+        "param_dtype": mc.param_dtype,
+        "dtype": mc.dtype,
+        "remat": mc.remat,
+        "teacher": res["teacher_name"],
+        "mesh": list(r.mesh.axis_sizes),
+        "device": r.device,
+        "prompt_len": r.tp,
+        "engine": s.rollout.engine,
+        **{k: roll[k] for k in ("rollout_rows", "rollout_slots", "eval_rows", "eval_slots")},
+        "attention": r.attention,
+        "packing": s.rl.packing,
+        "micro_rows": train["micro_rows"],
+        "micro_rows_per_device": train["b"],
+        "seq_len": train["seq"],
+    }
+
+
 def plan_memory(
-    cfg: Any,
+    s: Settings,
     mesh_shape: tuple[int, ...] | None = None,
     num_devices: int = 8,
     *,
@@ -266,11 +474,11 @@ def plan_memory(
     prompt_len: int | None = None,
     usable: float = 0.9,
 ) -> MemoryPlan:
-    """Plans per-device memory of the RL run `cfg` (a config of `configs/base.py`'s form).
+    """Plans per-device memory of the RL run of settings `s` (`plan_settings` of a
+    recipe; see the module docstring for what is counted).
 
     Args:
-      cfg: the (unresolved or resolved) config.
-      mesh_shape: (data, fsdp, tensor), -1 allowed once; default `cfg.mesh.shape`.
+      mesh_shape: (data, fsdp, tensor), -1 allowed once; default `mesh.shape`.
       num_devices: devices of the run (resolves the -1).
       device: a key of `DEVICE_GIB`; `device_gib` overrides its memory.
       prompt_len: padded prompt length; default the largest `rollout.prompt_buckets`.
@@ -279,181 +487,26 @@ def plan_memory(
     Raises:
       ValueError: naming `config.mesh.shape` for a bad mesh, or an unknown device.
     """
-    from da3po_jax.train.config import algorithm_preset, surplus_capacity
-    from da3po_jax.train.state import make_optimizer
-
     try:
-        d, f, t = resolve_mesh_shape(
-            cfg.mesh.shape if mesh_shape is None else mesh_shape, num_devices
-        )
+        shape = resolve_mesh_shape(s.mesh.shape if mesh_shape is None else mesh_shape, num_devices)
     except ValueError as e:
         raise ValueError(f"config.{e}") from None
-    if device_gib is None:
-        if device not in DEVICE_GIB:
-            raise ValueError(f"unknown device {device!r}; known: {sorted(DEVICE_GIB)}")
-        device_gib = DEVICE_GIB[device]
-    mesh = abstract_mesh((d, f, t))
-    batch_devs = d * f
-
-    vocab = None
-    if not cfg.model.path and cfg.tokenizer.get("build_tiny", False):
-        vocab = -(-cfg.tokenizer.vocab_size // 8) * 8  # as `setup.policy_model`
-    mc = model_config(cfg.model, vocab)
-    cbytes = _BYTES[mc.dtype]
-
-    # --- exact: parameters, optimizer state, reference and teacher copies
-    params_abs = abstract_params(mc)
-    params = tree_nbytes(params_abs, mesh)
-    tx, _ = make_optimizer(cfg.optim, max(int(cfg.train.steps), 1))
-    optimizer = tree_nbytes(jax.eval_shape(tx.init, params_abs), mesh)
-    grads = 2 * params
-    reference = params if cfg.loss.kl_coef > 0 else 0
-    teacher, teacher_name = 0, ""
-    tsec = cfg.get("teacher") if hasattr(cfg, "get") else None
-    if tsec is not None and (tsec.get("path") or tsec.get("preset")):
-        # `train.teacher.load_teacher` builds it with the policy's dtypes (`policy_model`)
-        teacher_name = tsec.get("path") or tsec.get("preset")
-        section = {**{k: cfg.model.get(k) for k in RUNTIME_FIELDS}, **dict(tsec.items())}
-        try:
-            tcfg = model_config(section, vocab)
-        except ValueError:
-            log.warning(
-                "teacher %r has no config.json here: assuming the policy's shapes", teacher_name
-            )
-            tcfg = mc
-        teacher = tree_nbytes(abstract_params(tcfg), mesh)
-
-    # --- shapes of the run
-    g = int(cfg.rollout.group_size)
-    tp = int(prompt_len or max(cfg.rollout.prompt_buckets))
-    tn = int(cfg.rollout.max_new_tokens)
-    ds = cfg.ds.enable
-    if ds is None:
-        ds = algorithm_preset(cfg.algo, tn)["ds.enable"]
-    round_prompts = int(cfg.rollout.prompts_per_round if ds else cfg.rl.train_prompts)
-    eval_prompts, eval_g = int(cfg.eval.prompts_per_call), int(cfg.eval.num_samples)
-    eval_tn = int(cfg.eval.max_new_tokens or tn)
-    h, L, V = mc.hidden_size, mc.num_layers, mc.vocab_size
-    heads_dev = _div(mc.num_heads, t)
-    kv_dev = _div(mc.num_kv_heads, t)
-
-    att_impl = resolve_impl(
-        cfg.model.get("attention", "auto"), DEVICE_BACKEND.get(device, "cpu"), mc.dtype, mc.head_dim
-    )
-    att_block = int(cfg.model.get("attention_block", 512))
-
-    def attention_bytes(rows: int, seq: int) -> int:
-        """Attention work of `rows` sequences of `seq` tokens: the naive path's f32 scores
-        and probs [rows, heads, seq, seq]; a blockwise kernel's one block of them (x2 for
-        the backward's dS, dP) and its per-query statistics; cuDNN's is blockwise too, but
-        it takes the segment rule as a [rows, 1, seq, seq] bool mask that it turns into a
-        compute-dtype bias (`models.attention.cudnn_arguments`), O(T^2)."""
-        if att_impl == "naive":
-            return rows * heads_dev * seq * seq * (4 + cbytes)
-        block = min(att_block, seq)
-        blockwise = rows * heads_dev * (2 * block * block * (4 + cbytes) + seq * 4 * 3)
-        return blockwise + (rows * seq * seq * (1 + cbytes) if att_impl == "cudnn" else 0)
-
-    # --- rollout phase: KV cache (rollout or eval, the larger) and sampler work buffers
-    def cache_bytes(prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
-        rows_dev = _div(prompts, batch_devs) * samples
-        slots = tp + new_tokens - 1
-        kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes + rows_dev * slots
-        p_dev = _div(prompts, batch_devs)
-        small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
-        prefill_attn = attention_bytes(p_dev, tp)
-        decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * slots * (4 + cbytes)
-        loop = rows_dev * new_tokens * 12
-        return kv, small + max(prefill_attn, decode) + loop, slots
-
-    def slot_bytes(samples: int, new_tokens: int) -> tuple[int, int, int]:
-        """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each."""
-        block = int(cfg.rollout.attention_block)
-        rows_dev = _div(int(cfg.rollout.slots), batch_devs)
-        slots = -(-(tp + new_tokens - 1) // block) * block
-        kv = 2 * L * rows_dev * slots * kv_dev * mc.head_dim * cbytes
-        p_dev = max(1, int(cfg.rollout.slots) // samples)  # one admission's prompts
-        small = 2 * L * p_dev * tp * kv_dev * mc.head_dim * cbytes
-        prefill_attn = attention_bytes(p_dev, tp)
-        decode = rows_dev * V * 4 * 3 + rows_dev * heads_dev * block * (4 + cbytes) * 2
-        return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
-
-    continuous = cfg.rollout.get("engine", "static") == "continuous"
-    if continuous:
-        roll_kv, roll_work, roll_slots = slot_bytes(g, tn)
-        ev_kv, ev_work, ev_slots = slot_bytes(eval_g, eval_tn)
-        in_flight = surplus_capacity(cfg)  # `ContinuousEngine.max_in_flight`
-    else:
-        roll_kv, roll_work, roll_slots = cache_bytes(round_prompts, g, tn)
-        ev_kv, ev_work, ev_slots = cache_bytes(eval_prompts, eval_g, eval_tn)
-        in_flight = round_prompts
-    kv_cache, rollout_work = (roll_kv, roll_work) if roll_kv >= ev_kv else (ev_kv, ev_work)
-
-    # --- train phase: activations of one micro-batch (packed: pack_rows x pack_length)
-    packing = bool(cfg.rl.get("packing", False))
-    mb_rows = int(cfg.rl.mini_batch_prompts) * g
-    if packing:
-        micro_rows, seq = int(cfg.rl.pack_rows), int(cfg.rl.pack_length or tp + tn)
-    else:
-        micro_rows, seq = int(cfg.rl.micro_batch_prompts or cfg.rl.mini_batch_prompts) * g, tp + tn
-    b = _div(micro_rows, batch_devs)
-    k_noremat = 8 + 4 * mc.intermediate_size / h
-    layer_full = b * seq * h * cbytes * k_noremat + attention_bytes(b, seq)
-    if mc.remat:
-        saved = L * b * seq * h * cbytes + 2 * layer_full
-    else:
-        saved = L * layer_full + layer_full
-    logits_block = b * min(mc.logits_chunk, seq) * V * 4 * 3
-    # packed: the mini-batch's [rows, Tp + Tn] scatter indices and the [rows, Tn] f32
-    # log-probs, entropies, loss terms and their gradients the loss reads back
-    pack_work = 12 * _div(mb_rows, batch_devs) * (tp + tn) * 4 if packing else 0
-    activations = int(saved + logits_block + 2 * b * seq * h * 4 + pack_work)
-
-    # --- batch buffers (the step's batch and the dynamic-sampling surplus) and all-gathers
-    batch = group_buffer_nbytes(g, tp, tn, int(cfg.rl.train_prompts), batch_devs)
-    batch += group_buffer_nbytes(g, tp, tn, in_flight, batch_devs)
-    layer_params = (mc.num_params() - V * h * (1 if mc.tie_word_embeddings else 2)) // L
-    gathered = 2 * max(layer_params, V * h) * cbytes if f > 1 else 0
-
-    resident = params + optimizer + reference + teacher + batch + gathered
-    rollout_phase = kv_cache + rollout_work
-    train_phase = grads + activations
+    device_bytes = _device_bytes(device, device_gib)
+    mc = model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
+    r = _Run(s, abstract_mesh(shape), mc, device, int(prompt_len or max(s.rollout.prompt_buckets)))
+    res, roll, train = _resident(r), _rollout_phase(r), _train_phase(r)
+    resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
+    resident += res["gathered"]
+    rollout_phase = roll["kv_cache"] + roll["rollout_work"]
+    train_phase = res["grads"] + train["activations"]
     peak = resident + max(rollout_phase, train_phase)
-    device_bytes = int(device_gib * GiB)
-    info = {
-        "model": cfg.model.path or cfg.model.preset,
-        "num_params": mc.num_params(),
-        "param_dtype": mc.param_dtype,
-        "dtype": mc.dtype,
-        "remat": mc.remat,
-        "teacher": teacher_name,
-        "mesh": [d, f, t],
-        "device": device,
-        "prompt_len": tp,
-        "engine": "continuous" if continuous else "static",
-        "rollout_rows": int(cfg.rollout.slots) if continuous else round_prompts * g,
-        "rollout_slots": roll_slots,
-        "eval_rows": int(cfg.rollout.slots) if continuous else eval_prompts * eval_g,
-        "eval_slots": ev_slots,
-        "attention": att_impl,
-        "packing": packing,
-        "micro_rows": micro_rows,
-        "micro_rows_per_device": b,
-        "seq_len": seq,
-        "rollout_phase": rollout_phase,
-        "train_phase": train_phase,
-    }
+    info = _info(r, res, roll, train)
+    info.update(rollout_phase=rollout_phase, train_phase=train_phase)
+    components = {k: res[k] for k in _COMPONENTS if k in res}
+    components.update(kv_cache=roll["kv_cache"], rollout_work=roll["rollout_work"])
+    components["activations"] = train["activations"]
     return MemoryPlan(
-        params=params,
-        optimizer=optimizer,
-        grads=grads,
-        reference=reference,
-        teacher=teacher,
-        batch=batch,
-        gathered=gathered,
-        kv_cache=kv_cache,
-        rollout_work=rollout_work,
-        activations=activations,
+        **components,
         peak=peak,
         device_bytes=device_bytes,
         usable=usable,
@@ -489,7 +542,7 @@ def main(argv: list[str]) -> None:
     F = flags.FLAGS
     try:
         plan = plan_memory(
-            F.config,
+            plan_settings(F.config),
             num_devices=F.num_devices,
             device=F.device,
             device_gib=F.device_gib or None,

@@ -75,7 +75,7 @@ def set_field(c, key: str, value) -> None:
 
 def warm_start(workdir: str, cfg) -> tuple[str, str]:
     """(sft_model folder, tokenizer folder), built once by the SFT stage."""
-    from da3po_jax.train import train
+    from da3po_jax.run import train
 
     warm = os.path.join(workdir, "warm")
     model_dir, tok_dir = os.path.join(warm, "sft_model"), os.path.join(warm, "tokenizer")
@@ -89,7 +89,7 @@ def warm_start(workdir: str, cfg) -> tuple[str, str]:
 
 def run_variant(workdir, cfg, name: str, seed: int, overrides: dict, warm) -> str:
     """Trains one (variant, seed) from the warm start; returns its workdir."""
-    from da3po_jax.train import train
+    from da3po_jax.run import train
 
     out = os.path.join(workdir, f"{name}_n{cfg.train.steps}_s{seed}")
     if os.path.isfile(os.path.join(out, "summary.json")):

@@ -28,20 +28,21 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     """[num_prompts] pass-rate estimates on the held-out split, and the prompts' tiers."""
     import jax
 
+    from da3po_jax.config import resolve_settings
     from da3po_jax.models.tokenizer import Tokenizer
     from da3po_jax.rewards import RewardScorer
+    from da3po_jax.rollout import PromptEncoder
+    from da3po_jax.rollout.static import sample_and_score
+    from da3po_jax.run.inputs import load_datasets, policy_model, prompt_renderer
     from da3po_jax.sampling import GenerateConfig, Sampler
-    from da3po_jax.train import config as config_lib
-    from da3po_jax.train.rollout import PromptEncoder, sample_and_score
-    from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer
 
     c = base_config(1, 1)
     c.seed = seed
     c.tokenizer.build_tiny, c.tokenizer.path = False, os.path.join(warm, "tokenizer")
     c.model.init_checkpoint = os.path.join(warm, "sft_model")
-    cfg = config_lib.resolve_config(c)
+    cfg = resolve_settings(c)
     tok = Tokenizer.load(cfg.tokenizer.path)
-    model = policy_model(cfg, tok, cfg.model.init_checkpoint)
+    model = policy_model(cfg.model, tok, seed=cfg.seed, path=cfg.model.init_checkpoint)
     from flax import nnx
 
     graphdef, params = nnx.split(model)
@@ -52,8 +53,8 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
         stop_ids=tok.eos_ids,
         pad_id=tok.pad_id,
     )
-    data = load_datasets(cfg)
-    encoder = PromptEncoder(tok, prompt_renderer(cfg, tok), cfg.rollout.prompt_buckets)
+    data = load_datasets(cfg.data, cfg.seed)
+    encoder = PromptEncoder(tok, prompt_renderer(cfg, tok), cfg.rollout.buckets)
     scorer = RewardScorer(num_workers=1, timeout_s=cfg.reward.timeout_s)
     try:
         sampler = Sampler(graphdef, model.cfg, gen)

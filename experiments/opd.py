@@ -44,7 +44,7 @@ def tiny_opd_config(micro: bool = False):
 
 
 def run(workdir: str, algo: str, seed: int, micro: bool) -> str:
-    from da3po_jax.train import train
+    from da3po_jax.run import train
 
     out = os.path.join(workdir, f"{algo}_s{seed}")
     if not os.path.isfile(os.path.join(out, "summary.json")):

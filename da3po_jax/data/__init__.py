@@ -4,12 +4,12 @@
   extraction (`extract_last_boxed`, `extract_gsm8k_answer`); `write_jsonl`.
 - `synthetic`: the tiered arithmetic task of the embedded demo (`generate_split`,
   `generate_splits`, `corpus` for the tiny tokenizer).
-- `readers`: JSONL / Parquet readers and `load_problems` (path, glob, folder or
-  `tfds:<name>`); `tfds_source`: the optional TFDS reader.
+- `readers`: JSONL / Parquet readers; `tfds_source`: the optional TFDS reader;
+  `sources`: `load_problems` (path, glob, folder or `tfds:<name>`) over them.
 - `prompts`: instruction templates (`format_prompt`).
 - `pipeline`: `PromptIterator`, the seeded, resumable, host-sharded prompt stream.
 
-Nothing here imports models/, rewards/ or train/.
+Nothing here imports another layer of the package.
 """
 
 from da3po_jax.data.pipeline import IteratorState, PromptIterator
@@ -20,7 +20,6 @@ from da3po_jax.data.readers import (
     MalformedRow,
     ReadReport,
     ReadResult,
-    load_problems,
     parse_row,
     read_jsonl,
     read_parquet,
@@ -31,6 +30,7 @@ from da3po_jax.data.records import (
     extract_last_boxed,
     write_jsonl,
 )
+from da3po_jax.data.sources import load_problems
 from da3po_jax.data.synthetic import (
     SPLITS,
     TIERS,

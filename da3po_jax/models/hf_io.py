@@ -68,76 +68,64 @@ def _linear(x: np.ndarray) -> np.ndarray:  # HF [out, in] <-> ours [in, out]
 
 def param_table(cfg: ModelConfig) -> list[_Entry]:
     """Every parameter of `cfg`'s model: HF name, NNX path and the layout transforms."""
-    h, d, q = cfg.hidden_size, cfg.head_dim, cfg.num_heads
-
-    def heads_in(n):  # HF [n*d, h] <-> ours [h, n, d]
-        return (lambda x: x.T.reshape(h, n, d)), (lambda x: x.reshape(h, n * d).T)
-
     entries = [_Entry("model.embed_tokens.weight", ("embed",), _same, _same)]
     for i in range(cfg.num_layers):
-        pre, path = f"model.layers.{i}.", ("layers", i)
-        first = len(entries)
-        for name, n in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
-            fwd, bwd = heads_in(n)
-            entries.append(
-                _Entry(f"{pre}self_attn.{name}_proj.weight", (*path, "attn", name), fwd, bwd)
-            )
-            if cfg.attention_bias:
-                entries.append(
-                    _Entry(
-                        f"{pre}self_attn.{name}_proj.bias",
-                        (*path, "attn", f"{name}_bias"),
-                        lambda x, n=n: x.reshape(n, d),
-                        lambda x, n=n: x.reshape(n * d),
-                    )
-                )
-        entries.append(
-            _Entry(
-                f"{pre}self_attn.o_proj.weight",
-                (*path, "attn", "o"),
-                lambda x: x.T.reshape(q, d, h),
-                lambda x: x.reshape(q * d, h).T,
-            )
-        )
-        if cfg.o_bias:
-            entries.append(
-                _Entry(f"{pre}self_attn.o_proj.bias", (*path, "attn", "o_bias"), _same, _same)
-            )
-        if cfg.qk_norm:
-            for name in ("q_norm", "k_norm"):
-                entries.append(
-                    _Entry(
-                        f"{pre}self_attn.{name}.weight",
-                        (*path, "attn", name, "weight"),
-                        _same,
-                        _same,
-                    )
-                )
-        for name in ("gate", "up", "down"):
-            entries.append(
-                _Entry(f"{pre}mlp.{name}_proj.weight", (*path, "mlp", name), _linear, _linear)
-            )
-        entries.append(
-            _Entry(f"{pre}input_layernorm.weight", (*path, "input_norm", "weight"), _same, _same)
-        )
-        entries.append(
-            _Entry(
-                f"{pre}post_attention_layernorm.weight",
-                (*path, "post_attn_norm", "weight"),
-                _same,
-                _same,
-            )
-        )
+        layer = _layer_entries(cfg, f"model.layers.{i}.", ("layers", i))
         if cfg.scan_layers:  # one stacked parameter per name: drop the index from the path
-            entries[first:] = [
-                dataclasses.replace(e, path=e.path[:1] + e.path[2:], layer=i)
-                for e in entries[first:]
-            ]
+            layer = [dataclasses.replace(e, path=e.path[:1] + e.path[2:], layer=i) for e in layer]
+        entries += layer
     if cfg.scan_layers:  # parameter-major, so an export reads each stacked array once
         entries[1:] = sorted(entries[1:], key=lambda e: e.path)
     entries.append(_Entry("model.norm.weight", ("final_norm", "weight"), _same, _same))
     if not cfg.tie_word_embeddings:
         entries.append(_Entry("lm_head.weight", ("lm_head",), _linear, _linear))
+    return entries
+
+
+def _layer_entries(cfg: ModelConfig, pre: str, path: Path) -> list[_Entry]:
+    """The parameters of one decoder layer (HF names under `pre`, NNX paths under `path`)."""
+    h, d, q = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+
+    def heads_in(n):  # HF [n*d, h] <-> ours [h, n, d]
+        return (lambda x: x.T.reshape(h, n, d)), (lambda x: x.reshape(h, n * d).T)
+
+    attn, entries = f"{pre}self_attn.", []
+    for name, n in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
+        fwd, bwd = heads_in(n)
+        entries.append(_Entry(f"{attn}{name}_proj.weight", (*path, "attn", name), fwd, bwd))
+        if cfg.attention_bias:
+            entries.append(
+                _Entry(
+                    f"{attn}{name}_proj.bias",
+                    (*path, "attn", f"{name}_bias"),
+                    lambda x, n=n: x.reshape(n, d),
+                    lambda x, n=n: x.reshape(n * d),
+                )
+            )
+    entries.append(
+        _Entry(
+            f"{attn}o_proj.weight",
+            (*path, "attn", "o"),
+            lambda x: x.T.reshape(q, d, h),
+            lambda x: x.reshape(q * d, h).T,
+        )
+    )
+    if cfg.o_bias:
+        entries.append(_Entry(f"{attn}o_proj.bias", (*path, "attn", "o_bias"), _same, _same))
+    if cfg.qk_norm:
+        for name in ("q_norm", "k_norm"):
+            entries.append(
+                _Entry(f"{attn}{name}.weight", (*path, "attn", name, "weight"), _same, _same)
+            )
+    for name in ("gate", "up", "down"):
+        entries.append(
+            _Entry(f"{pre}mlp.{name}_proj.weight", (*path, "mlp", name), _linear, _linear)
+        )
+    for hf, ours in (
+        ("input_layernorm", "input_norm"),
+        ("post_attention_layernorm", "post_attn_norm"),
+    ):
+        entries.append(_Entry(f"{pre}{hf}.weight", (*path, ours, "weight"), _same, _same))
     return entries
 
 
@@ -276,29 +264,7 @@ def load_model(
         want = var.get_value()
         if entry.layer is not None:
             want = jax.ShapeDtypeStruct(want.shape[1:], want.dtype)
-        src = tensors[entry.hf_name]
-        got_hf = src.shape(entry.hf_name)
-        expected_hf = entry.to_hf(np.empty(want.shape, np.bool_)).shape
-        if tuple(got_hf) != tuple(expected_hf):
-            raise ValueError(
-                f"model folder {path!r}: tensor {entry.hf_name!r} has shape {tuple(got_hf)}, "
-                f"expected {tuple(expected_hf)} for this config.json"
-            )
-        raw = src.get(entry.hf_name)
-        with np.errstate(over="ignore"):  # an overflowing cast is reported just below
-            arr = np.asarray(entry.to_jax(raw), dtype=want.dtype)
-        if _count_nonfinite(arr):  # one scan of the loaded tensor; the file's on failure
-            if bad := _count_nonfinite(raw):
-                raise ValueError(
-                    f"model folder {path!r}: tensor {entry.hf_name} has {bad} non-finite "
-                    f"values (NaN/Inf) in {os.path.basename(src.path)}; the checkpoint is "
-                    "corrupt or diverged, refusing to load it"
-                )
-            raise ValueError(
-                f"model folder {path!r}: tensor {entry.hf_name} has "
-                f"{_count_nonfinite(arr)} values that overflow to Inf when cast from "
-                f"{raw.dtype} to param_dtype={cfg.param_dtype}"
-            )
+        arr = _read_tensor(tensors[entry.hf_name], entry, want, path, cfg.param_dtype)
         if entry.layer is not None:
             full = var.get_value()
             stack = stacks.setdefault(entry.path, np.empty(full.shape, full.dtype))
@@ -311,6 +277,34 @@ def load_model(
         if progress is not None:
             progress(n + 1, len(table))
     return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
+
+
+def _read_tensor(src: SafetensorsFile, entry: _Entry, want, path: str, param_dtype: str):
+    """`entry`'s tensor from `src` in our layout and `want`'s dtype, its shape and values
+    checked (each problem named: shape, NaN/Inf in the file, overflow of the cast)."""
+    got_hf = src.shape(entry.hf_name)
+    expected_hf = entry.to_hf(np.empty(want.shape, np.bool_)).shape
+    if tuple(got_hf) != tuple(expected_hf):
+        raise ValueError(
+            f"model folder {path!r}: tensor {entry.hf_name!r} has shape {tuple(got_hf)}, "
+            f"expected {tuple(expected_hf)} for this config.json"
+        )
+    raw = src.get(entry.hf_name)
+    with np.errstate(over="ignore"):  # an overflowing cast is reported just below
+        arr = np.asarray(entry.to_jax(raw), dtype=want.dtype)
+    if _count_nonfinite(arr):  # one scan of the loaded tensor; the file's on failure
+        if bad := _count_nonfinite(raw):
+            raise ValueError(
+                f"model folder {path!r}: tensor {entry.hf_name} has {bad} non-finite "
+                f"values (NaN/Inf) in {os.path.basename(src.path)}; the checkpoint is "
+                "corrupt or diverged, refusing to load it"
+            )
+        raise ValueError(
+            f"model folder {path!r}: tensor {entry.hf_name} has "
+            f"{_count_nonfinite(arr)} values that overflow to Inf when cast from "
+            f"{raw.dtype} to param_dtype={param_dtype}"
+        )
+    return arr
 
 
 def _host_array(x: jax.Array | np.ndarray) -> np.ndarray:

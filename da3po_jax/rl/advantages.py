@@ -142,6 +142,19 @@ def _rloo_estimator(rewards: jax.Array, valid: jax.Array, config: AdvantageConfi
     return rloo_advantages(rewards, rewards.shape[1], valid=valid)
 
 
+def _advantage_metrics(adv, rewards, group_size: int, valid, std_ddof: int):
+    """Mean and mean |A| over valid responses, and the fraction of non-empty groups whose
+    rewards are constant (zero advantage)."""
+    v = valid_or_ones(valid, jnp.asarray(rewards))
+    st = group_stats(rewards, group_size, valid, std_ddof=std_ddof)
+    nonempty = st.count > 0
+    return {
+        "adv/mean": safe_div(jnp.where(v, adv, 0).sum(), v.sum()),
+        "adv/abs_mean": safe_div(jnp.where(v, jnp.abs(adv), 0).sum(), v.sum()),
+        "adv/zero_var_frac": safe_div((st.constant & nonempty).sum(), nonempty.sum()),
+    }
+
+
 def compute_advantages(
     rewards: jax.Array,
     correct: jax.Array,
@@ -188,14 +201,7 @@ def compute_advantages(
             f"expected {x.shape}"
         )
     adv = adv.reshape(shape)
-    v = valid_or_ones(valid, jnp.asarray(rewards))
-    st = group_stats(rewards, group_size, valid, std_ddof=cfg.std_ddof)
-    nonempty = st.count > 0
-    metrics = {
-        "adv/mean": safe_div(jnp.where(v, adv, 0).sum(), v.sum()),
-        "adv/abs_mean": safe_div(jnp.where(v, jnp.abs(adv), 0).sum(), v.sum()),
-        "adv/zero_var_frac": safe_div((st.constant & nonempty).sum(), nonempty.sum()),
-    }
+    metrics = _advantage_metrics(adv, rewards, group_size, valid, cfg.std_ddof)
     if daa is not None and daa.estimator != "none":
         adv, daa_metrics = apply_daa(
             adv,

@@ -70,7 +70,7 @@ def render_question(
 ) -> str:
     """The text the model sees for `question`: the training prompt `template`
     (`format_prompt`; None: the question as it is), then the chat template with `system`.
-    Training renders its prompts with this too (`train.setup.prompt_renderer`)."""
+    Training renders its prompts with this too (`run.inputs.prompt_renderer`)."""
     text = question if template is None else format_prompt(question, template)
     return tokenizer.render_prompt(text, system)
 

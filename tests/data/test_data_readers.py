@@ -308,7 +308,7 @@ def test_parquet_dapo_layout_and_malformed_rows(tmp_path, caplog):
 def test_short_scalar_fields_are_kept_for_grouping(tmp_path):
     """A row's short scalar fields (subject, level, ...) are kept in `meta["fields"]` for
     `eval.group_by`; the prompt, the answer, long texts and nested values are not."""
-    from da3po_jax.train.evaluation import check_group_by, group_of
+    from da3po_jax.run.evaluation import check_group_by, group_of
 
     rows = [
         {"problem": "What is 1+1?", "answer": "2", "subject": "arithmetic", "level": 1},

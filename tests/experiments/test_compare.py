@@ -52,14 +52,14 @@ def test_analyse_pairs_seeds():
 
 
 def test_ablation_groups_are_valid_configs():
-    from da3po_jax.train.config import resolve_config
+    from da3po_jax.config import resolve_settings
 
     for group in ablate.GROUPS.values():
         for overrides in group.values():
             c = compare.base_config(10, 5)
             for key, value in overrides.items():
                 compare.set_field(c, key, value)
-            resolve_config(c)  # raises on a bad field
+            resolve_settings(c)  # raises on a bad field
 
 
 @pytest.mark.slow

@@ -16,13 +16,14 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from configs import base  # noqa: E402
+from da3po_jax.config import resolve_settings  # noqa: E402
 from da3po_jax.models import get_preset, init_model, load_model, positions_from_mask, save_model  # noqa: E402
 from da3po_jax.parallel import make_mesh, param_sharding, shard_batch, spec_for  # noqa: E402
 from da3po_jax.rl import OverlongConfig  # noqa: E402
+from da3po_jax.rollout import GroupBatch  # noqa: E402
 from da3po_jax.sampling import GenerateConfig, Sampler  # noqa: E402
-from da3po_jax.train import config as config_lib  # noqa: E402
-from da3po_jax.train.rl_step import GroupBatch, RLStepConfig, rl_update  # noqa: E402
-from da3po_jax.train.state import init_train_state, make_optimizer  # noqa: E402
+from da3po_jax.update import UpdateConfig, rl_update  # noqa: E402
+from da3po_jax.update.state import init_train_state, make_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 
@@ -62,15 +63,15 @@ def _batch():
 def _step_config():
     c = base.get_config()
     c.tokenizer.build_tiny = True
-    cfg = config_lib.resolve_config(c)  # da3po: DAA power, token-mean
-    return cfg, RLStepConfig(
+    cfg = resolve_settings(c)  # da3po: DAA power, token-mean
+    return cfg, UpdateConfig(
         group_size=G,
         mini_batch_prompts=4,
         micro_batch_prompts=2,
         num_iterations=1,
-        loss=config_lib.loss_config(cfg),
-        adv=config_lib.advantage_config(cfg),
-        daa=config_lib.daa_config(cfg),
+        loss=cfg.loss_config(),
+        adv=cfg.advantage_config(),
+        daa=cfg.daa_config(),
         overlong=OverlongConfig(max_len=TN, buffer_len=2, penalty=1.0, filter=True),
     )
 
@@ -192,12 +193,11 @@ def test_loading_safetensors_places_only_shards(tmp_path):
 @pytest.mark.parametrize("shape", [(8, 1, 1), (1, 2, 4)])
 def test_packed_scanned_update_on_a_mesh_equals_the_single_device_one(shape, reference):
     """The update with packed micro-batches (split over the batch axes) on a model with
-    stacked layers, through `RLUpdate` (host plan, placement): the unpacked, unscanned
+    stacked layers, through `PolicyUpdate` (host plan, placement): the unpacked, unscanned
     single-device step's metrics and parameters."""
     import dataclasses
 
-    from da3po_jax.train.packing import PackConfig
-    from da3po_jax.train.rl_step import RLUpdate
+    from da3po_jax.update import PackConfig, PolicyUpdate
 
     mesh = make_mesh(shape)
     model = init_model(CFG.replace(scan_layers=True), seed=0, sharding=param_sharding(mesh))
@@ -206,7 +206,9 @@ def test_packed_scanned_update_on_a_mesh_equals_the_single_device_one(shape, ref
     _, step_cfg = _step_config()
     step_cfg = dataclasses.replace(step_cfg, micro_batch_prompts=0, pack=PackConfig(0, 8))
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    update = RLUpdate(graphdef, tx, lambda _: 1.0, step_cfg, state_shardings=shardings, mesh=mesh)
+    update = PolicyUpdate(
+        graphdef, tx, lambda _: 1.0, step_cfg, state_shardings=shardings, mesh=mesh
+    )
     batch, valid = shard_batch(_batch(), mesh)
     new_state, metrics = update(state, batch, valid, None)
     *_, ref_metrics, ref_state = reference

@@ -37,10 +37,11 @@ def main(argv: list[str]) -> None:
         f"{jax.local_device_count()} local / {jax.device_count()} global devices",
         flush=True,
     )
-    import da3po_jax.train.run as run_lib
+    import da3po_jax.run.context as context_lib
+    from da3po_jax.run import train
 
     smoke = _smoke_module()
-    run_lib.RewardScorer = smoke.HashScorer
+    context_lib.RewardScorer = smoke.HashScorer
     cfg = smoke.micro_config(
         "da3po",
         **{
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> None:
             "mesh.shape": (-1, 1, 1),
         },
     )
-    run_lib.train(cfg, workdir)
+    train(cfg, workdir)
 
 
 if __name__ == "__main__":

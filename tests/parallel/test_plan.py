@@ -12,7 +12,13 @@ import sys
 import jax
 import pytest
 
-from da3po_jax.plan import abstract_mesh, abstract_params, plan_memory, tree_nbytes
+from da3po_jax.plan import (
+    abstract_mesh,
+    abstract_params,
+    plan_memory,
+    plan_settings,
+    tree_nbytes,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -63,10 +69,10 @@ def test_plan_matches_live_buffers_on_one_device():
     from da3po_jax.models import get_preset, init_model
     from da3po_jax.parallel import make_mesh, param_sharding, shard_batch
     from da3po_jax.sampling.sampler import GenerateConfig, new_cache
-    from da3po_jax.train.state import init_train_state, make_optimizer
+    from da3po_jax.update.state import init_train_state, make_optimizer
 
     cfg = tiny_cfg()
-    plan = plan_memory(cfg, num_devices=1)
+    plan = plan_memory(plan_settings(cfg), num_devices=1)
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     model = init_model(get_preset("tiny-qwen2", vocab_size=512), sharding=param_sharding(mesh))
     tx, _ = make_optimizer(cfg.optim, cfg.train.steps)
@@ -117,30 +123,30 @@ def test_cli_table_and_json():
     ],
 )
 def test_recipes_fit_their_devices(name, device, devices):
-    plan = plan_memory(load_config(name), num_devices=devices, device=device)
+    plan = plan_memory(plan_settings(load_config(name)), num_devices=devices, device=device)
     assert plan.fits, plan.table()
 
 
 def test_7b_does_not_fit_one_v5e():
-    plan = plan_memory(load_config("qwen_math_7b_v5p8"), (1, 1, 1), 1, device="v5e")
+    plan = plan_memory(plan_settings(load_config("qwen_math_7b_v5p8")), (1, 1, 1), 1, device="v5e")
     assert not plan.fits and plan.peak > plan.device_bytes
 
 
 def test_bad_mesh_shape_names_the_field():
     with pytest.raises(ValueError, match="config.mesh.shape"):
-        plan_memory(tiny_cfg(), (2, 2, 2), num_devices=4)
+        plan_memory(plan_settings(tiny_cfg()), (2, 2, 2), num_devices=4)
     out = run_cli("--config=configs/tiny_math.py", "--config.mesh.shape=3,1,1", "--num_devices=8")
     assert out.returncode != 0 and "mesh.shape" in out.stderr
 
 
 def test_reference_and_teacher_copies():
     cfg = tiny_cfg()
-    assert plan_memory(cfg, num_devices=1).reference == 0
+    assert plan_memory(plan_settings(cfg), num_devices=1).reference == 0
     cfg.loss.kl_coef = 0.01
     if "teacher" not in cfg:  # the section may come with OPD; plan it either way
         cfg.teacher = {"path": "", "preset": ""}
     cfg.teacher.preset = "tiny-qwen2"
-    plan = plan_memory(cfg, num_devices=1)
+    plan = plan_memory(plan_settings(cfg), num_devices=1)
     assert plan.reference == plan.params and plan.teacher == plan.params > 0
 
 
@@ -157,7 +163,7 @@ def test_continuous_engine_cache_is_the_slots_cache(shape):
     cfg = tiny_cfg()
     cfg.mesh.shape = shape
     cfg.rollout.engine, cfg.rollout.slots, cfg.rollout.attention_block = "continuous", 32, 16
-    plan = plan_memory(cfg, num_devices=shape[0] * shape[1])
+    plan = plan_memory(plan_settings(cfg), num_devices=shape[0] * shape[1])
     tp, tn, g = max(cfg.rollout.prompt_buckets), cfg.rollout.max_new_tokens, 8
     mc = get_preset("tiny-qwen2", vocab_size=512)
     from da3po_jax.sampling.continuous import init_slots
@@ -180,10 +186,12 @@ def test_cudnn_segment_mask_is_counted_on_gpus():
     cfg = tiny_cfg()
     cfg.model.dtype = "bfloat16"
     cfg.model.remat = False
-    gpu, tpu = (plan_memory(cfg, num_devices=1, device=d) for d in ("h100", "v5p"))
+    gpu, tpu = (plan_memory(plan_settings(cfg), num_devices=1, device=d) for d in ("h100", "v5p"))
     assert (gpu.info["attention"], tpu.info["attention"]) == ("cudnn", "splash")
     b, t = gpu.info["micro_rows_per_device"], gpu.info["seq_len"]
     layers = 2  # tiny-qwen2; without remat (L + 1) layers' attention work is counted
     assert gpu.activations - tpu.activations == (layers + 1) * b * t * t * (1 + 2)
     cfg.model.attention = "blockwise"
-    assert plan_memory(cfg, num_devices=1, device="h100").activations == tpu.activations
+    assert (
+        plan_memory(plan_settings(cfg), num_devices=1, device="h100").activations == tpu.activations
+    )

@@ -22,6 +22,7 @@ from da3po_jax.data import MathProblem
 from da3po_jax.models import save_model
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel import make_mesh
+from da3po_jax.run.inputs import prompt_renderer
 from da3po_jax.sampling import Sampler
 from da3po_jax.sampling.host import (
     config_for,
@@ -30,7 +31,6 @@ from da3po_jax.sampling.host import (
     sample_from_folder,
     sample_text,
 )
-from da3po_jax.train.setup import prompt_renderer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

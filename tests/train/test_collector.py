@@ -13,9 +13,15 @@ import pytest
 from da3po_jax.data import MathProblem, PromptIterator
 from da3po_jax.parallel import to_host
 from da3po_jax.rl import OverlongConfig
-from da3po_jax.train.batch import GroupBatch, GroupScores, ScoredGroups
-from da3po_jax.train.collector import CollectConfig, Collector, DSConfig
-from da3po_jax.train.engine import RolloutEngine
+from da3po_jax.rollout import (
+    CollectConfig,
+    Collector,
+    GroupBatch,
+    GroupScores,
+    KeepRule,
+    RolloutEngine,
+    ScoredGroups,
+)
 
 G, TP, TN = 4, 3, 2
 PROBLEMS = [MathProblem(id=f"p{i}", prompt=f"q{i}", answer="1") for i in range(12)]
@@ -103,7 +109,7 @@ def _collector(engine, max_prompts=12) -> Collector:
     cfg = CollectConfig(
         capacity=4,
         max_prompts=max_prompts,
-        ds=DSConfig(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
+        keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
         track_history=True,
     )
     return Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)

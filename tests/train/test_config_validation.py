@@ -1,4 +1,4 @@
-"""`resolve_config` rejects every bad field value up front, naming the field, the value and
+"""`resolve_settings` rejects every bad field value up front, naming the field, the value and
 the rule (instead of a `range()` / `KeyError` / NaN deep inside training)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import pytest
 from ml_collections import config_flags  # noqa: F401  (config files import ml_collections)
 
-from da3po_jax.train.config import daa_config, resolve_config
+from da3po_jax.config import resolve_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,7 +90,7 @@ BAD = [
     ({"rollout.group_size": 1}, "config.rollout.group_size=1 must be >= 2"),
     (
         {"rollout.engine": "vllm"},
-        "config.rollout.engine='vllm' must be one of ['continuous', 'static']",
+        "config.rollout.engine='vllm' must be one of ['static', 'continuous']",
     ),
     ({"rollout.slots": 0}, "config.rollout.slots=0 must be > 0"),
     ({"rollout.steps_per_call": 0}, "config.rollout.steps_per_call=0 must be > 0"),
@@ -125,19 +125,19 @@ BAD = [
 )
 def test_bad_value_is_rejected_naming_the_field(overrides, words):
     with pytest.raises(ValueError, match=re.escape(words)):
-        resolve_config(_config(**overrides))
+        resolve_settings(_config(**overrides))
 
 
 def test_the_base_recipe_is_valid():
-    resolve_config(_config())
+    resolve_settings(_config())
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.999, 1e-3])
 def test_daa_tau_may_be_one(tau):
     """docs/algorithms.md's hardness rule 0 < mu < tau and `power`'s odds(min(tau, 1-1e-6))
     are defined for tau = 1 (every mixed group is hard); `DAAConfig` accepts it too."""
-    cfg = resolve_config(_config(**{"daa.tau": tau}))
-    assert daa_config(cfg).tau == tau
+    cfg = resolve_settings(_config(**{"daa.tau": tau}))
+    assert cfg.daa_config().tau == tau
 
 
 @pytest.mark.parametrize(
@@ -159,4 +159,4 @@ def test_daa_tau_may_be_one(tau):
     ],
 )
 def test_edge_values_that_mean_something_are_accepted(overrides):
-    resolve_config(_config(**overrides))
+    resolve_settings(_config(**overrides))

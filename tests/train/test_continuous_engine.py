@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_train_smoke import hash_scorer, micro_config, read_rows  # noqa: E402, F401
 
-from da3po_jax.train import train  # noqa: E402
+from da3po_jax.run import train  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("hash_scorer")  # the deterministic verifier stand-in
 G = 4  # micro_config's group size
@@ -82,10 +82,10 @@ import json, sys
 sys.path.insert(0, {here!r})
 import jax
 assert jax.device_count() == 8, jax.device_count()
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
 from test_train_smoke import HashScorer, micro_config
-from da3po_jax.train import train
-run_lib.RewardScorer = HashScorer
+from da3po_jax.run import train
+context_lib.RewardScorer = HashScorer
 train(micro_config("da3po", **json.loads({overrides!r})), {workdir!r})
 """
 

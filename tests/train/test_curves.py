@@ -11,7 +11,8 @@ import matplotlib.image
 import pytest
 from matplotlib._pylab_helpers import Gcf
 
-from da3po_jax.train.logger import _drawn, _x_label, curve_panels, plot_curves, read_metrics
+from da3po_jax.runtime.curves import _drawn, _x_label, curve_panels, plot_curves
+from da3po_jax.runtime.metrics_file import read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

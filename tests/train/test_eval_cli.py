@@ -21,10 +21,11 @@ import pytest
 from test_train_smoke import HashScorer, micro_config
 
 import da3po_jax.eval as eval_lib
-import da3po_jax.train.logger as logger_lib
-import da3po_jax.train.run as run_lib
-from da3po_jax.train import train
-from da3po_jax.train.logger import MetricsLogger, read_metrics
+import da3po_jax.run.context as context_lib
+import da3po_jax.runtime.logger as logger_lib
+from da3po_jax.run import train
+from da3po_jax.runtime.logger import MetricsLogger
+from da3po_jax.runtime.metrics_file import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K = 2  # eval.num_samples of the micro config
@@ -46,7 +47,7 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
         plots.append((out_png, max((r["step"] for r in rows), default=-1)))
         return original_plot(metrics_path, out_png, *args, **kwargs)
 
-    scorer, run_lib.RewardScorer = run_lib.RewardScorer, HashScorer
+    scorer, context_lib.RewardScorer = context_lib.RewardScorer, HashScorer
     logger_lib.plot_curves = recording_plot
     try:
         workdir = str(tmp_path_factory.mktemp("eval") / "run")
@@ -63,13 +64,13 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
         )
         train(config, workdir)
     finally:
-        run_lib.RewardScorer, logger_lib.plot_curves = scorer, original_plot
+        context_lib.RewardScorer, logger_lib.plot_curves = scorer, original_plot
     return types.SimpleNamespace(workdir=workdir, config=config, plots=plots)
 
 
 @pytest.fixture
 def hash_scorer(monkeypatch):
-    monkeypatch.setattr(eval_lib, "RewardScorer", HashScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", HashScorer)
 
 
 def read_samples(out: str) -> list[dict]:
@@ -243,7 +244,8 @@ sys.path.insert(0, {here!r})
 from test_train_smoke import HashScorer
 import jax
 import da3po_jax.eval as eval_lib
-eval_lib.RewardScorer = HashScorer
+import da3po_jax.run.context as context_lib
+context_lib.RewardScorer = HashScorer
 assert jax.device_count() == 8
 report = eval_lib.run_eval(None, {checkpoint!r}, {out!r})
 print(json.dumps(report))

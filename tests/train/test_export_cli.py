@@ -29,14 +29,14 @@ from test_faults import snapshot
 from test_train_smoke import HashScorer, micro_config
 
 import da3po_jax.export as export_lib
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
+from da3po_jax.config import resolve_settings
 from da3po_jax.models import load_model, positions_from_mask
 from da3po_jax.models.tokenizer import Tokenizer
-from da3po_jax.train import train
-from da3po_jax.train.checkpoint import Checkpointer
-from da3po_jax.train.config import resolve_config
-from da3po_jax.train.setup import policy_model
-from da3po_jax.train.state import init_train_state, make_optimizer
+from da3po_jax.run import train
+from da3po_jax.run.inputs import policy_model
+from da3po_jax.runtime.checkpoint import Checkpointer
+from da3po_jax.update.state import init_train_state, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLI_S = 180  # bound on one command (imports included; a hang fails the test)
@@ -70,17 +70,19 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
         saved_params[step] = flat_params(tree["train"].params)
         return original_save(self, step, tree, host)
 
-    scorer, run_lib.RewardScorer = run_lib.RewardScorer, HashScorer
+    scorer, context_lib.RewardScorer = context_lib.RewardScorer, HashScorer
     Checkpointer.save = recording_save
     try:
         workdir = str(tmp_path_factory.mktemp("export") / "run")
         config = micro_config("grpo", **CHEAP)
         train(config, workdir)
     finally:
-        run_lib.RewardScorer, Checkpointer.save = scorer, original_save
-    cfg = resolve_config(config)
+        context_lib.RewardScorer, Checkpointer.save = scorer, original_save
+    cfg = resolve_settings(config)
     tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer"))
-    initial = policy_model(cfg, tokenizer)  # the run's starting point (seeded, no SFT)
+    initial = policy_model(
+        cfg.model, tokenizer, seed=cfg.seed
+    )  # the run's starting point (seeded, no SFT)
     return types.SimpleNamespace(
         workdir=workdir,
         cfg=cfg,
@@ -202,10 +204,10 @@ def test_scan_layers_checkpoint_exports_per_layer_weights(run, tmp_path, capsys)
     workdir = tmp_path / "scan"
     workdir.mkdir()
     config = micro_config("grpo", **{"model.scan_layers": True})
-    cfg = resolve_config(config)
+    cfg = resolve_settings(config)
     (workdir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     shutil.copytree(os.path.join(run.workdir, "tokenizer"), workdir / "tokenizer")
-    model = policy_model(cfg, run.tokenizer, seed=11)
+    model = policy_model(cfg.model, run.tokenizer, seed=11)
     assert nnx.state(model)["layers"]["attn"]["q"].shape[0] == model.cfg.num_layers
     tx, _ = make_optimizer(cfg.optim, 2)
     graphdef, state = init_train_state(model, tx, cfg.seed)

@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 from test_train_smoke import HashScorer, micro_config, read_rows
 
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
-from da3po_jax.train import train
-from da3po_jax.train.checkpoint import CheckpointError
-from da3po_jax.train.logger import MetricsFileError, read_metrics
-from da3po_jax.train.signals import run_reporting_errors
-from da3po_jax.train.trainer import NonFiniteTraining, RLTrainer
+from da3po_jax.run import train
+from da3po_jax.run.loop import NonFiniteTraining, RLTrainer
+from da3po_jax.runtime.checkpoint import CheckpointError
+from da3po_jax.runtime.metrics_file import MetricsFileError, read_metrics
+from da3po_jax.runtime.signals import run_reporting_errors
 
 
 @pytest.fixture(autouse=True)
 def hash_scorer(monkeypatch):
-    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", HashScorer)
 
 
 def snapshot(root) -> dict[str, str]:
@@ -65,15 +65,13 @@ def flip_bytes(step_dir: str, n: int = 64) -> str:
 @pytest.fixture(scope="module")
 def four_steps(tmp_path_factory):
     """A finished 4-step run (checkpoints at 2 and 4) and its final parameters."""
-    import da3po_jax.train.run as run
-
-    saved, run.RewardScorer = run.RewardScorer, HashScorer
+    saved, context_lib.RewardScorer = context_lib.RewardScorer, HashScorer
     try:
         workdir = str(tmp_path_factory.mktemp("four") / "run")
         cfg = micro_config(**{"train.steps": 4, "train.checkpoint_every": 2})
         train(cfg, workdir)
     finally:
-        run.RewardScorer = saved
+        context_lib.RewardScorer = saved
     return workdir
 
 
@@ -130,7 +128,7 @@ class NaNScorer(HashScorer):
 
 
 def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(run_lib, "RewardScorer", NaNScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", NaNScorer)
     workdir = str(tmp_path / "run")
     cfg = micro_config(**{"train.steps": 4, "train.max_nonfinite_steps": 2, "ds.enable": False})
     with caplog.at_level(logging.WARNING, logger="da3po_jax"):
@@ -156,7 +154,7 @@ def _flat(tree):
 
 
 def test_a_nonfinite_state_is_never_saved(tmp_path):
-    from da3po_jax.train.checkpoint import Checkpointer
+    from da3po_jax.runtime.checkpoint import Checkpointer
 
     ck = Checkpointer(str(tmp_path), keep=2, finite=("['train']",))
     ck.save(1, {"train": {"w": jax.numpy.ones(3)}}, {})
@@ -291,7 +289,7 @@ def test_export_cleans_what_a_killed_export_left(tmp_path, left):
 def test_a_failed_background_save_names_the_cause_and_keeps_the_last_good(tmp_path, monkeypatch):
     """Orbax logs the error of a failed asynchronous save (e.g. a full disk) and carries
     on: the save is checked at the next wait, and nothing older is rotated away."""
-    from da3po_jax.train.checkpoint import Checkpointer
+    from da3po_jax.runtime.checkpoint import Checkpointer
 
     ck = Checkpointer(str(tmp_path), keep=1)
     tree = {"w": jax.numpy.ones(3)}

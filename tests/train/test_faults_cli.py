@@ -17,9 +17,9 @@ import pytest
 from test_faults import snapshot
 from test_train_smoke import HashScorer, micro_config
 
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
 from da3po_jax.models import get_preset, init_model, save_model
-from da3po_jax.train import train
+from da3po_jax.run import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -52,12 +52,12 @@ def cli(config_file, workdir, *overrides, timeout=REFUSAL_S):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> str:
     """A finished 2-step run of the micro config (built in process: cheap)."""
-    saved, run_lib.RewardScorer = run_lib.RewardScorer, HashScorer
+    saved, context_lib.RewardScorer = context_lib.RewardScorer, HashScorer
     try:
         workdir = str(tmp_path_factory.mktemp("finished") / "run")
         train(micro_config(), workdir)
     finally:
-        run_lib.RewardScorer = saved
+        context_lib.RewardScorer = saved
     return workdir
 
 
@@ -176,7 +176,7 @@ def _value(text: str):
     "overrides, words", _by_id([c[0] for c in REFUSALS if c[0] not in FLAG_ONLY])
 )
 def test_bad_input_is_refused_in_process(files, tmp_path, capsys, overrides, words):
-    from da3po_jax.train.signals import run_reporting_errors
+    from da3po_jax.runtime.signals import run_reporting_errors
 
     workdir = str(tmp_path / "run")
     cfg = micro_config(**{k: _value(v) for k, v in (o.split("=", 1) for o in overrides(files))})

@@ -18,15 +18,15 @@ from conftest import left_padded_batch
 from flax import nnx
 from test_train_smoke import HashScorer, micro_config
 
+from da3po_jax.config import resolve_settings
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.parallel import make_mesh
-from da3po_jax.plan import plan_memory
+from da3po_jax.plan import plan_memory, plan_settings
+from da3po_jax.rollout import GroupBatch, PromptEncoder
+from da3po_jax.run.build import build_trainer
+from da3po_jax.run.context import RunContext
+from da3po_jax.run.inputs import load_datasets, policy_model, prompt_renderer, tokenizer_for
 from da3po_jax.sampling import GenerateConfig, Sampler
-from da3po_jax.train import config as config_lib
-from da3po_jax.train.batch import GroupBatch
-from da3po_jax.train.build import RunContext, build_trainer
-from da3po_jax.train.rollout import PromptEncoder
-from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer, tokenizer_for
 
 
 class LiveBytes:
@@ -105,19 +105,21 @@ def _micro_trainer(tmp_path, engine: str):
         **({"rollout.engine": "continuous", "rollout.slots": 8} if engine == "continuous" else {}),
     )
     c.mesh.shape = (1, 1, 1)
-    cfg = config_lib.resolve_config(c)
+    cfg = resolve_settings(c)
     workdir = str(tmp_path / "run")
     os.makedirs(workdir)
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     tokenizer = tokenizer_for(cfg, workdir)
-    data = load_datasets(cfg)
-    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
-    model = policy_model(cfg, tokenizer, mesh=mesh)
+    data = load_datasets(cfg.data, cfg.seed)
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.buckets)
+    model = policy_model(cfg.model, tokenizer, seed=cfg.seed, mesh=mesh)
     ctx = RunContext(cfg, workdir, tokenizer, encoder, data, HashScorer(), mesh)
     trainer = build_trainer(ctx, model)
     del model  # its buffers are the policy's (the first update donates them)
     c.tokenizer.vocab_size = tokenizer.vocab_size  # the model's real vocabulary
-    plan = plan_memory(c, num_devices=1, prompt_len=trainer.collector.engine.prompt_len)
+    plan = plan_memory(
+        plan_settings(c), num_devices=1, prompt_len=trainer.collector.engine.prompt_len
+    )
     resident = plan.params + plan.optimizer + plan.reference + plan.teacher + plan.batch
     assert plan.reference == plan.params > 0 and plan.gathered == 0
     assert plan.params == _nbytes(trainer.state.params)

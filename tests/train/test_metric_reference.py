@@ -1,6 +1,14 @@
 """The logged metrics of a few fixed-seed RL steps, compared with values recorded by an
-earlier version of the trainer (`data/metric_reference.json`): a restructuring of train/
-must not change what the tiny runs compute.
+earlier version of the trainer (`data/metric_reference.json`): a restructuring of the
+trainer must not change what the tiny runs compute.
+
+The same float32 program rounds differently in the last bits on different CPU kinds (the
+matmul kernels XLA's CPU backend picks at run time follow the CPU's vector ISA), and the
+OPD returns (sums of log-prob differences, with cancellation) carry that to ~3e-6
+relative. So a case passes when it matches, at the same tolerance, one of the references
+recorded by that earlier trainer on some CPU kind: `metric_reference.json` (the recording
+machine), `metric_reference_epyc_avx512.json` (AMD EPYC with AVX-512; recorded by the
+trainer of commit 6c60e78, before the trainer was split into rollout/, update/ and run/).
 
 The reference covers the paths that carry state or take a different route through the
 step: DA3PO with the history estimator (dynamic-sampling rounds and surplus, prior EMA,
@@ -27,12 +35,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_train_smoke import HashScorer, micro_config, read_rows  # noqa: E402
 
-import da3po_jax.train.run as run_lib  # noqa: E402
-from da3po_jax.train import train  # noqa: E402
+import da3po_jax.run.context as context_lib  # noqa: E402
+from da3po_jax.run import train  # noqa: E402
 
-REFERENCE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "data", "metric_reference.json"
-)
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+REFERENCE = os.path.join(DATA, "metric_reference.json")  # what `_record` writes
+REFERENCES = (REFERENCE, os.path.join(DATA, "metric_reference_epyc_avx512.json"))
 TOLERANCE = 1e-6  # absolute, and relative to the reference value's magnitude
 # measured wall-clock times and rates derived from them; metrics added after the
 # reference was recorded (compile counts, FLOP rates) are not compared
@@ -88,28 +96,43 @@ def run_case(name: str, workdir: str) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_metrics_match_the_reference(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
-    with open(REFERENCE) as f:
-        expected = json.load(f)[name]
-    got = run_case(name, str(tmp_path / name))
-    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in expected]
+def mismatches(expected: list[dict], got: list[dict], name: str) -> list[str]:
+    """What differs between a case's recorded rows and this run's (empty: a match)."""
+    if [(r["kind"], r["step"]) for r in got] != [(r["kind"], r["step"]) for r in expected]:
+        return [f"{name}: the rows (kind, step) differ"]
+    out = []
     for want, have in zip(expected, got):
         where = f"{name} {want['kind']} step {want['step']}"
-        assert sorted(have) == sorted(want), f"{where}: metric names differ"
+        if sorted(have) != sorted(want):
+            out.append(f"{where}: metric names differ")
+            continue
         for key, value in want.items():
             if isinstance(value, float):
                 close = math.isclose(have[key], value, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
-                assert close, f"{where}: {key} = {have[key]!r}, reference {value!r}"
             else:
-                assert have[key] == value, f"{where}: {key} = {have[key]!r}, reference {value!r}"
+                close = have[key] == value
+            if not close:
+                out.append(f"{where}: {key} = {have[key]!r}, reference {value!r}")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_metrics_match_the_reference(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(context_lib, "RewardScorer", HashScorer)
+    got = run_case(name, str(tmp_path / name))
+    found = {}
+    for path in REFERENCES:
+        with open(path) as f:
+            found[os.path.basename(path)] = mismatches(json.load(f)[name], got, name)
+    assert any(not m for m in found.values()), "\n".join(
+        f"{ref}: {m[:5]}" for ref, m in found.items()
+    )
 
 
 def _record(names: list[str]) -> None:
     """Records the cases `names` (all when empty); the others keep their reference."""
-    run_lib.RewardScorer = HashScorer
+    context_lib.RewardScorer = HashScorer
     out = {}
     if names and os.path.isfile(REFERENCE):
         with open(REFERENCE) as f:

@@ -13,18 +13,18 @@ import pytest
 from flax import nnx
 from test_train_smoke import HashScorer, micro_config, read_rows  # noqa: F401
 
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
+from da3po_jax.config import resolve_settings
 from da3po_jax.data import corpus
 from da3po_jax.models import get_preset, init_model, positions_from_mask, save_model
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.rl import AdvantageConfig, LossConfig, OPDConfig, OverlongConfig, RAOPDConfig
-from da3po_jax.train import train
-from da3po_jax.train.batch import GroupBatch
-from da3po_jax.train.checkpoint import Checkpointer, CheckpointError
-from da3po_jax.train.config import resolve_config
-from da3po_jax.train.rl_step import RLStepConfig, rl_update
-from da3po_jax.train.state import init_train_state
-from da3po_jax.train.teacher import check_same_tokenizer, load_teacher
+from da3po_jax.rollout.batch import GroupBatch
+from da3po_jax.run import train
+from da3po_jax.run.teacher import check_same_tokenizer, load_teacher
+from da3po_jax.runtime.checkpoint import Checkpointer, CheckpointError
+from da3po_jax.update import UpdateConfig, rl_update
+from da3po_jax.update.state import init_train_state
 
 N, G, TP, TN, V = 2, 4, 5, 6, 64
 
@@ -55,8 +55,8 @@ def _models(teacher_seed: int):
     return init_model(cfg, seed=0), init_model(cfg.replace(num_layers=1), seed=teacher_seed)
 
 
-def _step_cfg(ra: bool = False, recompute: bool = False, **opd) -> RLStepConfig:
-    return RLStepConfig(
+def _step_cfg(ra: bool = False, recompute: bool = False, **opd) -> UpdateConfig:
+    return UpdateConfig(
         group_size=G,
         mini_batch_prompts=1,
         micro_batch_prompts=0,
@@ -197,7 +197,7 @@ def test_load_teacher_checks_tokenizer_and_vocab(tokenizers, tmp_path):
     student = init_model(get_preset("tiny-qwen2", vocab_size=512))
 
     def cfg_for(path):
-        return resolve_config(micro_config("opd", **{"teacher.path": path}))
+        return resolve_settings(micro_config("opd", **{"teacher.path": path}))
 
     small = str(tmp_path / "small")  # the tokenizer matches, the embedding is too small
     save_model(
@@ -220,26 +220,26 @@ def test_load_teacher_checks_tokenizer_and_vocab(tokenizers, tmp_path):
 
 
 def test_opd_config_validation():
-    cfg = resolve_config(micro_config("ra_opd", **{"teacher.preset": "tiny-qwen2"}))
+    cfg = resolve_settings(micro_config("ra_opd", **{"teacher.preset": "tiny-qwen2"}))
     assert (cfg.ds.enable, cfg.daa.enable, cfg.loss.agg) == (False, False, "token-mean")
     assert cfg.loss.eps_high == cfg.loss.eps_low
     with pytest.raises(ValueError, match="config.teacher.path is required"):
-        resolve_config(micro_config("opd"))
+        resolve_settings(micro_config("opd"))
     with pytest.raises(ValueError, match=r"config.opd.gamma=1.5 must be in \[0, 1\]"):
-        resolve_config(micro_config("opd", **{"teacher.preset": "x", "opd.gamma": 1.5}))
+        resolve_settings(micro_config("opd", **{"teacher.preset": "x", "opd.gamma": 1.5}))
     with pytest.raises(ValueError, match="config.ra_opd.baseline='median'"):
-        resolve_config(
+        resolve_settings(
             micro_config("ra_opd", **{"teacher.preset": "x", "ra_opd.baseline": "median"})
         )
     with pytest.raises(ValueError, match="config.daa.enable=True .*config.opd.with_outcome"):
-        resolve_config(micro_config("opd", **{"teacher.preset": "x", "daa.enable": True}))
+        resolve_settings(micro_config("opd", **{"teacher.preset": "x", "daa.enable": True}))
 
 
 # ----------------------------------------------------------------- end to end
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["opd", "ra_opd"])
 def test_two_step_smoke(tmp_path, monkeypatch, algo):
-    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", HashScorer)
     workdir = str(tmp_path / algo)
     cfg = micro_config(algo, **{"teacher.preset": "tiny-qwen2", "teacher.seed": 7})
     summary = train(cfg, workdir)
@@ -259,7 +259,8 @@ def test_two_step_smoke(tmp_path, monkeypatch, algo):
             )
             assert r["loss/num_tokens"] < r["response/len_mean"] * 16 or kept == 1.0
     ck = Checkpointer(workdir)
-    assert ck.restore_host(2)["config"]["teacher"] == "preset:tiny-qwen2:seed7"
+    step, host = ck.newest_host()
+    assert step == 2 and host["config"]["teacher"] == "preset:tiny-qwen2:seed7"
     ck.close()
     # the teacher is part of the fingerprint: another one cannot resume this run
     other = micro_config(algo, **{"teacher.preset": "tiny-qwen2", "teacher.seed": 8})

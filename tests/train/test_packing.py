@@ -16,16 +16,18 @@ from flax import nnx
 
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.rl import AGG_MODES, AdvantageConfig, LossConfig, OPDConfig, OverlongConfig
-from da3po_jax.train.batch import GroupBatch
-from da3po_jax.train.packing import (
+from da3po_jax.rollout.batch import GroupBatch
+from da3po_jax.update import UpdateConfig, pack_plan, rl_update
+from da3po_jax.update.forwards import response_logprobs
+from da3po_jax.update.packing import (
     PackConfig,
     micro_slots,
     pack_micro,
     packed_response_logprobs,
     plan_packing,
 )
-from da3po_jax.train.rl_step import RLStepConfig, pack_plan, response_logprobs, rl_update
-from da3po_jax.train.state import init_train_state
+from da3po_jax.update.rows import ResponseRows
+from da3po_jax.update.state import init_train_state
 
 N, G, TP, TN, V = 4, 4, 6, 10, 64
 
@@ -108,17 +110,11 @@ def test_random_plans_fit_the_static_slots_without_overlap(seed):
 # --- the packed layout and log-probs ----------------------------------------------------
 
 
-def _response_rows(batch: GroupBatch):
-    flat = lambda x: x.reshape(N * G, *x.shape[2:])  # noqa: E731
-    return {
-        "prompt_tokens": jnp.repeat(batch.prompt_tokens, G, 0),
-        "prompt_mask": jnp.repeat(batch.prompt_mask, G, 0),
-        "tokens": flat(batch.tokens),
-        "response_mask": flat(batch.response_mask),
-    }
+def _response_rows(batch: GroupBatch) -> ResponseRows:
+    return ResponseRows.from_groups(batch)
 
 
-def _cfg(**kw) -> RLStepConfig:
+def _cfg(**kw) -> UpdateConfig:
     base = dict(
         group_size=G,
         mini_batch_prompts=2,
@@ -130,7 +126,7 @@ def _cfg(**kw) -> RLStepConfig:
         overlong=OverlongConfig(max_len=TN),
         pack=PackConfig(length=TP + TN + 3, rows=2),
     )
-    return RLStepConfig(**{**base, **kw})
+    return UpdateConfig(**{**base, **kw})
 
 
 def test_packed_rows_hold_each_sequence_with_restarting_positions():
@@ -138,15 +134,15 @@ def test_packed_rows_hold_each_sequence_with_restarting_positions():
     rows = _response_rows(batch)
     cfg = _cfg()
     valid = np.ones(N, bool)
-    plan = pack_plan(batch, valid, cfg)
-    mb = {k: v[: 2 * G] for k, v in rows.items()}
+    plan, _ = pack_plan(batch, valid, cfg)
+    mb = jax.tree.map(lambda x: x[: 2 * G], rows)
     sub = jax.tree.map(lambda x: x[: 2 * G], plan)
-    packed = pack_micro(*mb.values(), sub, jnp.int32(0), cfg.pack)
-    lp = np.asarray(mb["prompt_mask"]).sum(-1)
-    ln = np.asarray(mb["response_mask"]).sum(-1)
+    packed = pack_micro(*mb.inputs(), sub, jnp.int32(0), cfg.pack)
+    lp = np.asarray(mb.prompt_mask).sum(-1)
+    ln = np.asarray(mb.response_mask).sum(-1)
     for r in np.flatnonzero(np.asarray(sub.micro) == 0):
         seq = np.concatenate(
-            [np.asarray(mb["prompt_tokens"][r])[TP - lp[r] :], np.asarray(mb["tokens"][r])[: ln[r]]]
+            [np.asarray(mb.prompt_tokens[r])[TP - lp[r] :], np.asarray(mb.tokens[r])[: ln[r]]]
         )
         row, off = int(sub.row[r]), int(sub.offset[r])
         span = slice(off, off + len(seq))
@@ -161,17 +157,17 @@ def test_packed_logprobs_equal_the_unpacked_forward():
     model = init_model(get_preset("tiny-qwen2", vocab_size=V), seed=0)
     graphdef, params = nnx.split(model)
     batch = _batch()
-    rows = _response_rows(batch)
     cfg = _cfg(mini_batch_prompts=N)
-    plan = pack_plan(batch, np.ones(N, bool), cfg)
-    want_lp, want_ent = response_logprobs(graphdef, params, *rows.values())
+    plan, _ = pack_plan(batch, np.ones(N, bool), cfg)
+    rows = _response_rows(batch).replace(plan=plan)
+    want_lp, want_ent = response_logprobs(graphdef, params, *rows.inputs())
     got_lp = np.zeros(want_lp.shape, np.float32)
     got_ent = np.zeros(want_lp.shape, np.float32)
     for m in range(int(np.asarray(plan.micro).max()) + 1):
-        lp, ent = packed_response_logprobs(graphdef, params, rows, plan, jnp.int32(m), cfg.pack)
+        lp, ent = packed_response_logprobs(graphdef, params, rows, jnp.int32(m), cfg.pack)
         got_lp += np.asarray(lp)
         got_ent += np.asarray(ent)
-    mask = np.asarray(rows["response_mask"])
+    mask = np.asarray(rows.response_mask)
     np.testing.assert_allclose(got_lp[mask], np.asarray(want_lp)[mask], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got_ent[mask], np.asarray(want_ent)[mask], atol=1e-5, rtol=1e-5)
     # past a response's end (its last token, whose target is padding, aside) nothing is read
@@ -190,7 +186,7 @@ def _step(cfg, batch, valid, *, ref=False, teacher=None, model_overrides=None):
     before = jax.tree.map(np.asarray, state.params)
     ref_params = jax.tree.map(jnp.asarray, before) if ref else None
     tg, tparams = teacher or (None, None)
-    plan = pack_plan(batch, valid, cfg) if cfg.pack else None
+    plan = pack_plan(batch, valid, cfg)[0] if cfg.pack else None
     step = jax.jit(rl_update, static_argnums=(0, 1, 2), static_argnames=("teacher_graphdef",))
     new, metrics = step(
         graphdef,
@@ -256,7 +252,7 @@ def test_unused_micro_batch_slots_are_skipped():
     """Short sequences in a budget that holds them all: one slot of the worst-case
     `micro_slots` is used; the update is still the padded one."""
     cfg = _cfg(mini_batch_prompts=N, pack=PackConfig(length=4 * (TP + TN), rows=1))
-    plan = pack_plan(_batch(4), np.ones(N, bool), cfg)
+    plan, _ = pack_plan(_batch(4), np.ones(N, bool), cfg)
     assert micro_slots(N * G, TP + TN, cfg.pack) == 4
     assert int(np.asarray(plan.micro).max()) < 4
     _assert_same_update(cfg, _batch(4))

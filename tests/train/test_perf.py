@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from da3po_jax.models import ModelConfig, get_preset, init_model, positions_from_mask
-from da3po_jax.train import perf
-from da3po_jax.train.perf import (
+from da3po_jax.runtime import perf
+from da3po_jax.runtime.perf import (
     CompileCounts,
     forward_flops,
     mfu_metrics,
@@ -106,7 +106,7 @@ def test_compile_counts_warns_once_on_steady_state_recompile(caplog):
     counts = CompileCounts(settle=1)
     counts.watch("double", fn)
     counts.watch("inc", other)
-    caplog.set_level(logging.WARNING, logger="da3po_jax.train.perf")
+    caplog.set_level(logging.WARNING, logger="da3po_jax.runtime.perf")
 
     fn(jnp.ones(3))  # first step compiles: inside the settle period
     other(jnp.ones(3))
@@ -118,7 +118,7 @@ def test_compile_counts_warns_once_on_steady_state_recompile(caplog):
     fn(jnp.ones(5))  # new shape in steady state
     assert counts.check(2) == {"compile/double": 2.0, "compile/inc": 1.0}
     (record,) = caplog.records
-    assert record.levelno == logging.WARNING and record.name == "da3po_jax.train.perf"
+    assert record.levelno == logging.WARNING and record.name == "da3po_jax.runtime.perf"
     message = record.getMessage()
     assert "'double'" in message and "step 2" in message and "1 -> 2" in message
     assert "recompile" in message and "shape" in message
@@ -133,7 +133,7 @@ def test_compile_counts_counter_callables_and_errors(caplog):
     traces = [0]
     counts = CompileCounts(settle=2)
     counts.watch("sampler", count=lambda: traces[0])
-    caplog.set_level(logging.WARNING, logger="da3po_jax.train.perf")
+    caplog.set_level(logging.WARNING, logger="da3po_jax.runtime.perf")
     for step in range(2):  # growth inside the 2-check settle period is not warned about
         traces[0] += 1
         counts.check(step)
@@ -196,10 +196,11 @@ def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog
     (the same every step) or, packed, over the step's real sequences."""
     from test_train_smoke import HashScorer, micro_config
 
-    from da3po_jax.train.build import RunContext, build_trainer
-    from da3po_jax.train.config import resolve_config
-    from da3po_jax.train.rollout import PromptEncoder
-    from da3po_jax.train.setup import load_datasets, policy_model, prompt_renderer, tokenizer_for
+    from da3po_jax.config import resolve_settings
+    from da3po_jax.rollout import PromptEncoder
+    from da3po_jax.run.build import build_trainer
+    from da3po_jax.run.context import RunContext
+    from da3po_jax.run.inputs import load_datasets, policy_model, prompt_renderer, tokenizer_for
 
     # one prompt bucket: each round of every step has the same shapes; a response length
     # no other test uses, so this process has compiled none of these programs yet
@@ -209,16 +210,17 @@ def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog
         "rollout.max_new_tokens": 7 if packing else 9,
         "rl.packing": packing,
     }
-    cfg = resolve_config(micro_config("dapo", **overrides))
+    cfg = resolve_settings(micro_config("dapo", **overrides))
     workdir = str(tmp_path)
     tokenizer = tokenizer_for(cfg, workdir)
-    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.prompt_buckets)
-    ctx = RunContext(cfg, workdir, tokenizer, encoder, load_datasets(cfg), HashScorer())
-    model = policy_model(cfg, tokenizer)
+    encoder = PromptEncoder(tokenizer, prompt_renderer(cfg, tokenizer), cfg.rollout.buckets)
+    data = load_datasets(cfg.data, cfg.seed)
+    ctx = RunContext(cfg, workdir, tokenizer, encoder, data, HashScorer())
+    model = policy_model(cfg.model, tokenizer, seed=cfg.seed)
     model_cfg = model.cfg
     trainer = build_trainer(ctx, model)
     try:
-        with caplog.at_level(logging.WARNING, logger="da3po_jax.train.perf"):
+        with caplog.at_level(logging.WARNING, logger="da3po_jax.runtime.perf"):
             first, second = trainer.step(), trainer.step()
     finally:
         trainer.close()

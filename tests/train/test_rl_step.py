@@ -23,9 +23,10 @@ from da3po_jax.rl import (
     da3po_loss,
     grpo_advantages,
 )
-from da3po_jax.train.batch import GroupBatch
-from da3po_jax.train.rl_step import RLStepConfig, response_logprobs, rl_update
-from da3po_jax.train.state import init_train_state, optimizer_updates
+from da3po_jax.rollout.batch import GroupBatch
+from da3po_jax.update import UpdateConfig, rl_update
+from da3po_jax.update.forwards import response_logprobs
+from da3po_jax.update.state import init_train_state, optimizer_updates
 
 N, G, TP, TN, V = 2, 4, 5, 6, 64
 # group 0: 1 of 4 correct (hard: mu = 0.25 < tau = 0.5); group 1: 2 of 4 (not hard)
@@ -51,7 +52,7 @@ def _batch(seed: int = 0) -> GroupBatch:
     )
 
 
-def _cfg(**kw) -> RLStepConfig:
+def _cfg(**kw) -> UpdateConfig:
     base = dict(
         group_size=G,
         mini_batch_prompts=1,
@@ -62,7 +63,7 @@ def _cfg(**kw) -> RLStepConfig:
         daa=None,
         overlong=OverlongConfig(max_len=TN),
     )
-    return RLStepConfig(**{**base, **kw})
+    return UpdateConfig(**{**base, **kw})
 
 
 def _model():
@@ -109,7 +110,7 @@ def test_only_the_empty_trailing_minibatch_is_skipped():
     )
 
 
-def _direct_minibatch_loss(graphdef, params, batch, cfg: RLStepConfig):
+def _direct_minibatch_loss(graphdef, params, batch, cfg: UpdateConfig):
     """The mini-batch loss of the whole (two-group) batch in one call, independently of the
     step's micro-batching and metric bookkeeping."""
     rows = lambda x: x.reshape(N * G, *x.shape[2:])

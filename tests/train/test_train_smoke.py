@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from ml_collections import config_flags  # noqa: F401  (config files import ml_collections)
 
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
+from da3po_jax.config import ALGORITHMS, DISTILLATION, resolve_settings
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
-from da3po_jax.train import train
-from da3po_jax.train.config import ALGORITHMS, DISTILLATION, resolve_config
+from da3po_jax.run import train
+from da3po_jax.run.loop import RLTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,7 +74,7 @@ class HashScorer:
 
 @pytest.fixture
 def hash_scorer(monkeypatch):
-    monkeypatch.setattr(run_lib, "RewardScorer", HashScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", HashScorer)
 
 
 def read_rows(workdir):
@@ -132,7 +133,7 @@ class Interrupt(Exception):
 
 def final_params(workdir, cfg):
     """Parameters of the latest checkpoint in `workdir`."""
-    from da3po_jax.train.checkpoint import Checkpointer
+    from da3po_jax.runtime.checkpoint import Checkpointer
 
     ck = Checkpointer(workdir)
     step = ck.latest_step()
@@ -153,7 +154,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, hash_scorer, monkeypatch):
     train(cfg, full)
 
     part = str(tmp_path / "part")
-    original = run_lib.RLTrainer.step
+    original = RLTrainer.step
     calls = {"n": 0}
 
     def crashing_step(self):
@@ -162,10 +163,10 @@ def test_resume_matches_uninterrupted_run(tmp_path, hash_scorer, monkeypatch):
             raise Interrupt
         return original(self)
 
-    monkeypatch.setattr(run_lib.RLTrainer, "step", crashing_step)
+    monkeypatch.setattr(RLTrainer, "step", crashing_step)
     with pytest.raises(Interrupt):
         train(cfg, part)
-    monkeypatch.setattr(run_lib.RLTrainer, "step", original)
+    monkeypatch.setattr(RLTrainer, "step", original)
     train(cfg, part)  # same command, same workdir: resumes from step 2
 
     rows_full = [r for r in read_rows(full) if r["kind"] == "train"]
@@ -187,7 +188,7 @@ def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
     workdir = str(tmp_path / "run")
     train(micro_config("dapo", **{"train.steps": 1, "train.eval_every": 0}), workdir)
     before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
-    from da3po_jax.train.checkpoint import CheckpointError
+    from da3po_jax.runtime.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="rollout.group_size: checkpoint 4 vs now 8"):
         train(micro_config("dapo", **{"rollout.group_size": 8, "train.eval_every": 0}), workdir)
@@ -220,24 +221,24 @@ def test_incompatible_checkpoint_is_refused(tmp_path, hash_scorer):
 
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match=r"config.rollout.group_size=1 must be >= 2"):
-        resolve_config(micro_config(**{"rollout.group_size": 1}))
+        resolve_settings(micro_config(**{"rollout.group_size": 1}))
     with pytest.raises(ValueError, match=r"config.algo='ppo' must be one of"):
-        resolve_config(micro_config(algo="ppo"))
+        resolve_settings(micro_config(algo="ppo"))
     with pytest.raises(ValueError, match=r"config.loss.agg='mean' must be one of"):
-        resolve_config(micro_config(**{"loss.agg": "mean"}))
+        resolve_settings(micro_config(**{"loss.agg": "mean"}))
     with pytest.raises(ValueError, match=r"mini_batch_prompts=3 must divide"):
-        resolve_config(micro_config(**{"rl.mini_batch_prompts": 3}))
+        resolve_settings(micro_config(**{"rl.mini_batch_prompts": 3}))
 
 
 def test_algorithm_presets_and_explicit_overrides():
-    grpo = resolve_config(micro_config("grpo"))
+    grpo = resolve_settings(micro_config("grpo"))
     assert (grpo.ds.enable, grpo.daa.enable, grpo.loss.eps_high, grpo.loss.agg) == (
         False,
         False,
         0.2,
         "seq-mean-token-mean",
     )
-    dapo = resolve_config(micro_config("dapo"))
+    dapo = resolve_settings(micro_config("dapo"))
     assert (dapo.ds.enable, dapo.daa.enable, dapo.loss.eps_high, dapo.loss.agg) == (
         True,
         False,
@@ -245,7 +246,7 @@ def test_algorithm_presets_and_explicit_overrides():
         "token-mean",
     )
     assert dapo.overlong.buffer == 8 // 5
-    da3po = resolve_config(micro_config("da3po", **{"loss.eps_high": 0.3}))
+    da3po = resolve_settings(micro_config("da3po", **{"loss.eps_high": 0.3}))
     assert da3po.daa.enable and da3po.loss.eps_high == 0.3  # explicit value wins
 
 
@@ -259,17 +260,17 @@ def test_every_config_file_parses_and_validates(name):
     config = load_config(name)
     if not config.tokenizer.build_tiny and not config.model.path:  # real recipes: a model
         with pytest.raises(ValueError, match="config.model.path is required"):
-            resolve_config(config)
+            resolve_settings(config)
         config.model.path = "/models/some-hf-folder"
     if config.data.source != "synthetic" and not config.data.train_path:  # ... and data
         with pytest.raises(ValueError, match="config.data.train_path is required"):
-            resolve_config(config)
+            resolve_settings(config)
         config.data.train_path = "/data/train.parquet"
     if config.algo in DISTILLATION and not config.teacher.path:  # nor a teacher folder
         with pytest.raises(ValueError, match="config.teacher.path is required"):
-            resolve_config(config)
+            resolve_settings(config)
         config.teacher.path = "/models/some-teacher-folder"
-    cfg = resolve_config(config)
+    cfg = resolve_settings(config)
     assert cfg.algo in ALGORITHMS
     assert cfg.rl.train_prompts % cfg.rl.mini_batch_prompts == 0
 
@@ -305,7 +306,7 @@ def test_dynamic_sampling_refill_surplus_and_round_cap(tmp_path, monkeypatch, ca
         "cccc",
         "mwww",
     ]  # step 2: surplus + 0 + 0 + 1 -> cap
-    monkeypatch.setattr(run_lib, "RewardScorer", ScriptedScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", ScriptedScorer)
     workdir = str(tmp_path / "ds")
     cfg = micro_config("dapo", **{"train.eval_every": 0, "ds.max_prompts": 12})
     with caplog.at_level(logging.WARNING, logger="da3po_jax"):

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from test_train_smoke import micro_config, read_rows
 
-import da3po_jax.train.run as run_lib
+import da3po_jax.run.context as context_lib
 from da3po_jax.parallel import to_host
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult
 from da3po_jax.rl import PromptHistory
-from da3po_jax.train import train
-from da3po_jax.train.collector import Collector, add_to_history
-from da3po_jax.train.logger import MetricsLogger
+from da3po_jax.rollout import Collector
+from da3po_jax.rollout.history import add_to_history
+from da3po_jax.run import train
+from da3po_jax.runtime.logger import MetricsLogger
 
 G = 4
 
@@ -70,7 +71,7 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
     known before it was generated (nothing), although the table has its counts by then.
     The lr metric is the rate of the step's last optimizer update (2 per step here); with
     tempered sampling the update applies truncated importance weights."""
-    monkeypatch.setattr(run_lib, "RewardScorer", FirstCorrectScorer)
+    monkeypatch.setattr(context_lib, "RewardScorer", FirstCorrectScorer)
     monkeypatch.setattr(Collector, "after_update", spy_after_update)
     SEEN.clear()
     cfg = micro_config(

@@ -1,0 +1,133 @@
+"""The raw ml_collections config -> typed `Settings`, once, at start-up.
+
+`resolve_settings` copies the config (the caller's stays untouched), fills the
+placeholders of `configs/base.py` from the algorithm preset, checks every field
+(`checks.py`), builds the frozen sections and checks the rules between fields. Recipes
+and `--config.x=y` overrides stay exactly as users write them; only this module reads
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from da3po_jax.config.checks import FIELD_CHECKS, check_fields, check_relations
+from da3po_jax.config.sections import SECTIONS, TOP_LEVEL
+from da3po_jax.config.settings import DISTILLATION, Settings
+
+
+def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
+    """Defaults that define each algorithm (docs/algorithms.md): GRPO = std-normalised group
+    advantages, symmetric clip, sequence-mean loss; DAPO = dynamic sampling, clip-higher,
+    token-level loss, soft overlong punishment over the last fifth of the length cap (the
+    DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA. OPD / RA-OPD: per-token teacher
+    advantages with a plain symmetric clip (eps_high = eps_low) and the token-level loss;
+    no dynamic sampling (the teacher signal does not need mixed groups), no DAA, no
+    overlong shaping (placeholders: any of them can still be switched on explicitly)."""
+    grpo = {
+        "ds.enable": False,
+        "daa.enable": False,
+        "overlong.filter": False,
+        "overlong.buffer": 0,
+        "loss.eps_high": 0.2,
+        "loss.agg": "seq-mean-token-mean",
+    }
+    if algo in DISTILLATION:
+        return {**grpo, "loss.agg": "token-mean"}
+    if algo == "grpo":
+        return grpo
+    dapo = {
+        "ds.enable": True,
+        "daa.enable": False,
+        "overlong.filter": False,
+        "overlong.buffer": max_new_tokens // 5,
+        "loss.eps_high": 0.28,
+        "loss.agg": "token-mean",
+    }
+    if algo == "dapo":
+        return dapo
+    return {**dapo, "daa.enable": True}
+
+
+def resolve_settings(config: Any, *, inputs: bool = True) -> Settings:
+    """The typed, validated settings of `config` (an ml_collections `ConfigDict` of
+    `configs/base.py`'s form, or the same as a nested mapping, e.g. a run's config.json).
+
+    With `inputs=False` the run's inputs (a tokenizer folder, training data files) need
+    not be named yet: the memory planner sizes recipes before their data exists.
+
+    Raises:
+      ValueError: naming the first bad, unset or unknown field, its value and what it
+        must be.
+    """
+    values = _plain(config)
+    algo_err = FIELD_CHECKS["algo"](values.get("algo"))
+    if algo_err:
+        raise ValueError(f"config.algo={values.get('algo')!r} {algo_err}")
+    _check_names(values)
+    for key, value in algorithm_preset(values["algo"], _max_new_tokens(values)).items():
+        section, leaf = key.split(".")
+        if values[section][leaf] is None:
+            values[section][leaf] = value
+    check_fields(values)
+    settings = Settings(
+        **{name: values[name] for name in TOP_LEVEL},
+        **{name: _section(cls, values[name]) for name, cls in SECTIONS.items()},
+    )
+    check_relations(settings, inputs=inputs)
+    return settings
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A nested dict copy of `config` (a ConfigDict, FrozenConfigDict or mapping)."""
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise TypeError(f"a config must be a ConfigDict or a mapping, got {type(config)}")
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in config.items()}
+
+
+def _max_new_tokens(values: dict[str, Any]) -> int:
+    n = values["rollout"]["max_new_tokens"]
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ValueError(f"config.rollout.max_new_tokens={n!r} must be > 0 (and finite)")
+    return n
+
+
+def _check_names(values: dict[str, Any]) -> None:
+    """Every field of `configs/base.py` present, and no other (a misspelt field in a
+    recipe would otherwise be ignored)."""
+    known = set(TOP_LEVEL) | set(SECTIONS)
+    for name in values:
+        if name not in known:
+            raise ValueError(f"config.{name} is not a field (configs/base.py defines them all)")
+    for name in TOP_LEVEL:
+        if name not in values:
+            raise ValueError(f"config.{name} is unset (configs/base.py defines every field)")
+    for name, cls in SECTIONS.items():
+        section = values.get(name)
+        if not isinstance(section, dict):
+            raise ValueError(f"config.{name} must be a section (configs/base.py defines it)")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for key in section:
+            if key not in fields:
+                raise ValueError(
+                    f"config.{name}.{key} is not a field (configs/base.py defines them all)"
+                )
+        for key in fields - section.keys():
+            raise ValueError(f"config.{name}.{key} is unset (configs/base.py defines it)")
+
+
+def _section(cls: type, values: dict[str, Any]):
+    """`cls` from its raw values; sequences become tuples (frozen, hashable)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = values[f.name]
+        if typing.get_origin(hints[f.name]) is tuple and isinstance(value, list | tuple):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)

@@ -1,0 +1,289 @@
+"""The collect stage of an RL step: prompts in, one full batch of kept groups out.
+
+`Collector` owns the prompt iterator (the data position), asks the rollout engine for
+scored groups, runs dynamic sampling (the keep rule and the fixed-capacity buffer, jitted;
+the stream of admissions and the cap on admitted prompts, on the host) and updates the
+state carried from step to step, `RLCarry`: the dynamic-sampling surplus, the DAA prior's
+moment EMA and the per-prompt history table. A checkpoint is the train state + this
+carry + the iterator's position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh
+
+from da3po_jax.data import PromptIterator
+from da3po_jax.parallel import replicated, to_host
+from da3po_jax.rl import (
+    BetaPrior,
+    DSBuffer,
+    OverlongConfig,
+    PriorState,
+    PromptHistory,
+    apply_overlong,
+    ds_add_round,
+    ds_empty_buffer,
+    ds_keep_mask,
+    ds_take,
+    group_accuracy,
+    init_prior_state,
+    prior_from_state,
+    update_prior_state,
+)
+from da3po_jax.rollout.batch import GroupBatch, ScoredGroups
+from da3po_jax.rollout.history import add_to_history
+from da3po_jax.rollout.protocol import RolloutEngine
+from da3po_jax.rollout.stats import RoundStats
+from da3po_jax.sampling import prompt_keys
+
+log = logging.getLogger(__name__)
+
+
+@struct.dataclass
+class RLCarry:
+    """The RL state carried across steps besides the train state.
+
+    Attributes:
+      surplus: kept groups that did not fit the last batch (seed of the next one).
+      prior: EMA of the group-accuracy moments (the Beta prior of `bayes` / `history`).
+      history: the per-prompt table of decayed success / failure counts, indexed by the
+        prompt's position in the training set (`history` estimator; zeros otherwise).
+    """
+
+    surplus: DSBuffer
+    prior: PriorState
+    history: PromptHistory
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepRule:
+    """Which finished groups dynamic sampling keeps (hashable: a jit static argument).
+
+    Attributes:
+      enable: keep only groups whose `metric` varies (DAPO); off keeps every group.
+      metric: `"acc"` (correctness) or `"reward"` (the reward after overlong shaping).
+      group_size: G.
+      overlong: the shaping applied to rewards before the `reward` metric is tested.
+    """
+
+    enable: bool
+    metric: str
+    group_size: int
+    overlong: OverlongConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    """Settings of the collect stage.
+
+    Attributes:
+      capacity: groups per training batch (`rl.train_prompts`).
+      max_prompts: prompts admitted per step at most (`ds.max_prompts`; `capacity`
+        without dynamic sampling).
+      keep: the keep rule of finished groups.
+      prior_ema: decay of the prior's moment EMA.
+      history_decay: decay of the per-prompt counts (when `track_history`).
+      use_prior: the DAA rule reads the Beta prior (the update gets `prior(carry)`).
+      track_history: the DAA rule reads the per-prompt history table.
+    """
+
+    capacity: int
+    max_prompts: int
+    keep: KeepRule
+    prior_ema: float = 0.9
+    history_decay: float = 0.5
+    use_prior: bool = False
+    track_history: bool = False
+
+
+@dataclasses.dataclass
+class Collected:
+    """One step's batch: `train_prompts` slots of groups, `valid` [N] marking the filled
+    ones; `outcomes`, every group generated this step as (dataset index [n] (-1: padding
+    or not a training prompt), correct [n, G]), kept or not, for the history table; and
+    the collect stage's host metrics."""
+
+    batch: GroupBatch
+    valid: jax.Array
+    outcomes: list[tuple[jax.Array, jax.Array]]
+    metrics: dict[str, float]
+
+
+def add_finished(buffer: DSBuffer, items: GroupBatch, valid: jax.Array, rule: KeepRule):
+    """Adds finished groups' kept ones to the buffer (jit with `rule` static).
+
+    The keep mask is DAPO's (non-zero variance of the metric within the group), computed
+    on the shaped reward R + R_len when `rule.metric == "reward"`; with dynamic sampling
+    off every group is kept. Rows with `valid` [N] False (an engine's padding) never are.
+    Returns (buffer, the kept groups that did not fit, keep [N], group accuracy [N]).
+    """
+    n = items.tokens.shape[0]
+    correct = items.correct.reshape(-1)
+    rewards, _ = apply_overlong(
+        items.rewards, items.lengths, items.truncated, items.response_mask, rule.overlong
+    )
+    if rule.enable:
+        keep = ds_keep_mask(correct, rewards.reshape(-1), rule.group_size, metric=rule.metric)
+    else:
+        keep = jnp.ones((n,), jnp.bool_)
+    keep = keep & valid
+    buffer, surplus = ds_add_round(buffer, items, keep)
+    mu, _, _ = group_accuracy(correct, rule.group_size)
+    return buffer, surplus, keep, mu
+
+
+class Collector:
+    """Fills one training batch per step from a rollout engine (see the module docstring).
+
+    Args:
+      engine: any `RolloutEngine`.
+      iterator: the training prompts' `PromptIterator` (every host walks the same stream).
+      config: `CollectConfig`.
+      mesh: the carried arrays are replicated over it (None: one device).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        iterator: PromptIterator,
+        config: CollectConfig,
+        mesh: Mesh | None = None,
+    ):
+        self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
+        self.progress: Callable[[str], None] | None = None  # e.g. a progress bar's postfix
+        self.add_finished = jax.jit(add_finished, static_argnums=(3,))
+        self._seed_buffer = jax.jit(ds_add_round)
+        self._take = jax.jit(ds_take, static_argnums=(1,))
+        self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
+
+    def initial_carry(self, num_prompts: int) -> RLCarry:
+        """An empty surplus, a fresh prior and a zero table for `num_prompts` prompts."""
+        e = self.engine
+        like = GroupBatch.zeros(1, e.group_size, e.prompt_len, e.max_new_tokens)
+        carry = RLCarry(
+            surplus=ds_empty_buffer(like, e.max_in_flight),
+            prior=init_prior_state(),
+            history=PromptHistory(jnp.zeros(num_prompts), jnp.zeros(num_prompts)),
+        )
+        # committed like the arrays the steps put back (an uncommitted input compiles anew)
+        return jax.device_put(carry, replicated(self.mesh) if self.mesh else jax.devices()[0])
+
+    def collect(self, params, carry: RLCarry, key: jax.Array) -> tuple[Collected, RLCarry]:
+        """Dynamic sampling as a stream: while the batch lacks kept groups and fewer than
+        `max_prompts` prompts were admitted, admits as many new prompts as the engine has
+        room for (the step's j-th prompt sampled with the key fold_in(key, j),
+        `sampling.prompt_keys`), and adds finished groups as they come back, until the
+        engine has nothing in flight. Groups still in flight when the batch fills finish
+        and go to the next step's surplus, so nothing generated is thrown away (the
+        pending buffer has room for the engine's `max_in_flight` groups beyond the batch).
+        Returns the batch and the new carry."""
+        cfg, engine = self.config, self.engine
+        engine.sync_weights(params)
+        pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + engine.max_in_flight)
+        pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
+        stats = RoundStats(cfg.max_prompts)
+        outcomes: list[tuple[jax.Array, jax.Array]] = []
+        admitted, count = 0, int(pending.count)
+        while True:
+            room = min(engine.capacity(), cfg.max_prompts - admitted)
+            if count < cfg.capacity and room > 0:
+                keys = prompt_keys(key, room, start=admitted)
+                engine.admit(self.iterator.next_batch(room), keys)
+                admitted += room
+                continue
+            if not engine.in_flight():
+                break
+            done = engine.finished()
+            for groups in done:
+                pending = self._add(carry, groups, pending, stats, outcomes)
+            if done:  # one sync per return, none while the engine only decoded
+                count = int(pending.count)
+                self._report(count, admitted)
+        batch, surplus = self._take(pending, cfg.capacity)
+        self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
+        acc, acc_valid = stats.group_accuracies()
+        prior = self._prior_update(carry.prior, acc, acc_valid, cfg.prior_ema)
+        carry = carry.replace(surplus=surplus, prior=prior)
+        metrics = stats.summary(
+            admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
+        )
+        return Collected(batch.items, batch.valid, outcomes, metrics), carry
+
+    def _add(self, carry, groups: ScoredGroups, pending, stats: RoundStats, outcomes: list):
+        """Files one engine return: its outcomes, its kept groups into `pending`."""
+        items = groups.batch.replace(history=self._history_of(carry, groups.batch))
+        valid = jnp.asarray(groups.valid)
+        # padding rows are no prompt's outcome (-1: not in the history table)
+        outcomes.append((jnp.where(valid, items.prompt_index, -1), items.correct))
+        pending, dropped, keep, mu = self.add_finished(pending, items, valid, self.config.keep)
+        stats.add(groups, to_host(keep), to_host(mu), dropped.count)
+        return pending
+
+    def _report(self, count: int, admitted: int) -> None:
+        """Where dynamic sampling stands, for `progress` (kept groups of the batch)."""
+        if self.progress is not None:
+            kept = min(count, self.config.capacity)
+            self.progress(f"sampling: {kept}/{self.config.capacity} kept of {admitted} prompts")
+
+    def _warn(self, admitted: int, count: int, dropped: int) -> None:
+        cfg = self.config
+        if count < cfg.capacity:
+            log.warning(
+                "dynamic sampling reached ds.max_prompts=%d admitted prompts with %d of %d "
+                "groups; training on what was kept",
+                cfg.max_prompts,
+                count,
+                cfg.capacity,
+            )
+        if dropped:
+            log.warning(
+                "%d kept groups did not fit the batch and the surplus (%d prompts admitted): "
+                "dropped",
+                dropped,
+                admitted,
+            )
+
+    def _history_of(self, carry: RLCarry, batch: GroupBatch) -> PromptHistory:
+        """What the table knows of the round's prompts before generation (0 for prompts
+        outside it, and everywhere when the table is not tracked)."""
+        n = batch.num_groups
+        if not self.config.track_history:
+            return PromptHistory(jnp.zeros(n), jnp.zeros(n))
+        idx = batch.prompt_index
+        known, safe = idx >= 0, jnp.maximum(idx, 0)
+        return PromptHistory(
+            jnp.where(known, carry.history.success[safe], 0.0),
+            jnp.where(known, carry.history.failure[safe], 0.0),
+        )
+
+    def prior(self, carry: RLCarry) -> BetaPrior | None:
+        """The Beta prior the update's DAA rule reads (None when it reads none)."""
+        if not self.config.use_prior:
+            return None
+        return prior_from_state(carry.prior, self.config.keep.group_size)
+
+    def after_update(self, carry: RLCarry, collected: Collected) -> RLCarry:
+        """Adds this step's outcomes to the history table: every generated group,
+        including those dynamic sampling filtered (all wrong / all right), which carry most
+        of the information about a hard prompt (docs/algorithms.md, `history`).
+
+        Runs after the update, so the step's own groups never see their counts."""
+        if not self.config.track_history or not collected.outcomes:
+            return carry
+        table = add_to_history(
+            PromptHistory(*(to_host(x) for x in carry.history)),
+            np.concatenate([to_host(i) for i, _ in collected.outcomes]),
+            np.concatenate([to_host(c) for _, c in collected.outcomes]),
+            self.config.keep.group_size,
+            self.config.history_decay,
+        )
+        placed = jax.device_put(table, replicated(self.mesh)) if self.mesh else table
+        return carry.replace(history=PromptHistory(*(jnp.asarray(x) for x in placed)))

@@ -1,0 +1,205 @@
+"""The continuous-batching rollout engine: a `SlotDecoder` keeps S decode slots busy, a
+prompt starting whenever G slots are free.
+
+Each call of `finished()` runs one decode call (K steps), hands the groups it finished to
+a scoring thread (decode + reward workers, `rollout/scoring.py`, overlapping the next
+decode calls) and returns the groups whose scoring is done, packed in batches of
+`return_size` = S / G groups (padded). A group's slots free up row by row, so more groups
+than S / G are in flight when the slots are full: the engine holds at most 4 x S / G
+prompts, which bounds the dynamic-sampling surplus.
+
+One process only: the slots, their host bookkeeping and the scoring live on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from concurrent import futures
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from da3po_jax.data import MathProblem
+from da3po_jax.parallel import shard_batch
+from da3po_jax.rewards import RewardScorer
+from da3po_jax.rollout.batch import GroupBatch, GroupScores, ScoredGroups
+from da3po_jax.rollout.encoder import PromptEncoder
+from da3po_jax.rollout.protocol import EngineParts
+from da3po_jax.rollout.scoring import Verdicts, score_responses
+from da3po_jax.sampling.continuous import FinishedGroup, SlotConfig, SlotDecoder
+from da3po_jax.sampling.sampler import SampleOutput
+
+
+class ContinuousEngine:
+    """Continuous batching behind the engine protocol (see the module docstring).
+
+    Args:
+      decoder: the policy's `SlotDecoder` (its G = the group size).
+      encoder: prompt tokenisation.
+      scorer: reward worker pool (used from the scoring thread only while generating).
+      prompt_len: the prompt length of the returned batches (training groups).
+      index_of: dataset index of a problem id (-1 for others; the history estimator).
+      mesh: returned batches are split over its batch axes. None: one device.
+      max_in_flight: prompts held at once at most (`max_in_flight_for`).
+    """
+
+    uses_slots = True
+
+    def __init__(
+        self,
+        decoder: SlotDecoder,
+        encoder: PromptEncoder,
+        scorer: RewardScorer,
+        prompt_len: int,
+        index_of: dict[str, int],
+        mesh: Mesh | None = None,
+        *,
+        max_in_flight: int,
+    ):
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"rollout.engine='continuous' runs in one process (this run has "
+                f"{jax.process_count()}); use rollout.engine='static'"
+            )
+        self.decoder, self.encoder, self.scorer, self.mesh = decoder, encoder, scorer, mesh
+        self.index_of = index_of
+        g, s = decoder.group_size, decoder.sc.slots
+        self.group_size, self.prompt_len = g, prompt_len
+        self.max_new_tokens = decoder.gen.max_new_tokens
+        self.max_in_flight = max_in_flight
+        self.return_size = max(1, s // g)
+        self._params = None
+        self._in_flight = 0
+        self._scoring: collections.deque[futures.Future] = collections.deque()
+        self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="da3po-scoring")
+        self._rollout_s = 0.0  # wall time in `finished` not yet reported
+
+    @classmethod
+    def from_parts(cls, parts: EngineParts) -> ContinuousEngine:
+        """An engine of `parts.slots` slots (freed by `release`)."""
+        slots = SlotConfig(
+            slots=parts.slots,
+            prompt_len=parts.prompt_len,
+            steps_per_call=parts.steps_per_call,
+            block=parts.attention_block,
+        )
+        decoder = SlotDecoder(parts.graphdef, parts.model_cfg, parts.gen, slots, parts.mesh)
+        return cls(
+            decoder,
+            parts.encoder,
+            parts.scorer,
+            parts.prompt_len,
+            parts.index_of,
+            parts.mesh,
+            max_in_flight=cls.max_in_flight_for(
+                parts.round_size, parts.slots, parts.gen.num_samples
+            ),
+        )
+
+    @staticmethod
+    def max_in_flight_for(round_size: int, slots: int, group_size: int) -> int:
+        """4 x S / G prompts: a group's slots free up row by row, so more groups than
+        S / G are in flight when the slots are full."""
+        return 4 * max(1, slots // group_size)
+
+    def sync_weights(self, params) -> None:
+        self._params = params
+
+    def capacity(self) -> int:
+        return max(0, min(self.decoder.free_groups(), self.max_in_flight - self._in_flight))
+
+    def admit(self, problems: Sequence[MathProblem], keys: jax.Array) -> None:
+        for p, key in zip(problems, keys):
+            self.decoder.submit(p, self.encoder.ids(p), key)
+        self._in_flight += len(problems)
+
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def finished(self) -> list[ScoredGroups]:
+        if not self._in_flight:
+            return []
+        if self._params is None:
+            raise RuntimeError("ContinuousEngine.finished: call sync_weights(params) first")
+        t0 = time.perf_counter()
+        if self.decoder.busy():
+            groups = self.decoder.step(self._params)
+            if groups:
+                self._scoring.append(self._pool.submit(self._score, groups))
+        elif self._scoring:
+            futures.wait([self._scoring[0]])
+        ready = []
+        while self._scoring and self._scoring[0].done():
+            ready.extend(self._pack(*self._scoring.popleft().result()))
+        self._rollout_s += time.perf_counter() - t0
+        if ready:
+            ready[0].scores.seconds["rollout"] = self._rollout_s
+            self._rollout_s = 0.0
+        self._in_flight -= sum(len(r.problems) for r in ready)
+        return ready
+
+    def release(self) -> None:
+        """Frees the slots; work still in flight (only after an error) is abandoned."""
+        for f in self._scoring:
+            f.cancel()
+        futures.wait(self._scoring)  # the scorer is free again before anyone else uses it
+        self._scoring.clear()
+        self._in_flight = 0
+        self.decoder.clear()
+
+    def _score(self, groups: list[FinishedGroup]) -> tuple[list, Verdicts, float]:
+        """(groups, their verdicts [F, G], seconds): the scoring thread."""
+        t0 = time.perf_counter()
+        verdicts = score_responses(
+            self.encoder.tokenizer,
+            self.scorer,
+            np.stack([gr.tokens for gr in groups]),
+            np.stack([gr.lengths for gr in groups]),
+            [gr.tag.answer for gr in groups],
+        )
+        return groups, verdicts, time.perf_counter() - t0
+
+    def _pack(self, groups, verdicts: Verdicts, seconds: float) -> list[ScoredGroups]:
+        """Batches of `return_size` groups (the last padded with copies, marked invalid)."""
+        out, u = [], self.return_size
+        correct, rewards = verdicts.correct, verdicts.rewards
+        for start in range(0, len(groups), u):
+            real = min(u, len(groups) - start)
+            idx = list(range(start, start + real)) + [start] * (u - real)
+            batch = self._batch([groups[i] for i in idx], correct[idx], rewards[idx])
+            first = start == 0  # the call's verifier counts and time go with its first batch
+            scores = GroupScores(
+                correct=correct[start : start + real],
+                rewards=rewards[start : start + real],
+                lengths=np.stack([gr.lengths for gr in groups[start : start + real]]),
+                truncated=np.stack([gr.truncated for gr in groups[start : start + real]]),
+                stats=verdicts.stats if first else {},
+                seconds={"rollout": 0.0, "scoring": seconds if first else 0.0},
+            )
+            problems = [gr.tag for gr in groups[start : start + real]]
+            out.append(ScoredGroups(batch, scores, problems, np.arange(u) < real))
+        return out
+
+    def _batch(self, chunk: list[FinishedGroup], correct, rewards) -> GroupBatch:
+        """The device batch of finished groups (split over the mesh's batch axes)."""
+        problems = [gr.tag for gr in chunk]
+        ptok, pmask = self.encoder.pad(problems, self.prompt_len)
+
+        def stack(name):
+            return np.stack([getattr(gr, name) for gr in chunk])
+
+        samples = SampleOutput(
+            tokens=stack("tokens"),
+            logp=stack("logp"),
+            sample_logp=stack("sample_logp"),
+            mask=stack("mask"),
+            lengths=stack("lengths"),
+            truncated=stack("truncated"),
+            num_steps=np.zeros((), np.int32),
+        )
+        index = np.asarray([self.index_of.get(p.id, -1) for p in problems], np.int32)
+        batch = GroupBatch.from_samples(ptok, pmask, samples, rewards, correct, index)
+        return shard_batch(batch, self.mesh) if self.mesh is not None else jax.device_put(batch)

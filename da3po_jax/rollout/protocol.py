@@ -1,0 +1,93 @@
+"""Rollout engines: what the RL loop needs from any generator of scored groups.
+
+The collector (`rollout/collector.py`) and evaluation talk to an engine through these calls
+and never look inside it:
+
+- `sync_weights(params)`: the policy parameters for the generations that follow;
+- `capacity()`: how many more prompts it takes now (0 while it is full);
+- `admit(problems, keys)`: queues prompts, G samples each, prompt i drawn with `keys[i]`
+  (`sampling.prompt_keys`: the samples of a prompt depend on its key only);
+- `in_flight()`: prompts admitted and not yet returned;
+- `finished()`: advances generation and returns the groups done since the last call,
+  generated and scored, as `ScoredGroups` (possibly none while work is in flight; blocks
+  while nothing is ready to return);
+- `release()`: frees generation memory (KV caches) before the update;
+
+and `max_in_flight`, the most prompts it holds at once (what the dynamic-sampling buffer
+makes room for beyond the batch). Every engine returns batches of one fixed size (padded,
+`ScoredGroups.valid`), so the dynamic-sampling update compiles once.
+
+An engine class is built from `EngineParts` (`from_parts`), says how many prompts it holds
+at most for given settings (`max_in_flight_for`, the surplus size a checkpoint records)
+and whether it decodes in slots (`uses_slots`: `rollout.slots` must hold a group). It is
+registered by name in `rollout/engines.py: ENGINES`, the values of `rollout.engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+from jax.sharding import Mesh
+
+from da3po_jax.data import MathProblem
+from da3po_jax.models import ModelConfig
+from da3po_jax.rewards import RewardScorer
+from da3po_jax.rollout.batch import ScoredGroups
+from da3po_jax.rollout.encoder import PromptEncoder
+from da3po_jax.sampling import GenerateConfig
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generator of scored groups (see the module docstring for the contract)."""
+
+    group_size: int
+    prompt_len: int  # the padded prompt length of the groups it returns
+    max_new_tokens: int
+    max_in_flight: int
+
+    def sync_weights(self, params) -> None: ...
+
+    def capacity(self) -> int: ...
+
+    def admit(self, problems: Sequence[MathProblem], keys: jax.Array) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    def finished(self) -> list[ScoredGroups]: ...
+
+    def release(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineParts:
+    """Everything an engine is built from (`from_parts`).
+
+    Attributes:
+      graphdef, model_cfg: the policy's graph and architecture.
+      gen: sampling settings (num_samples = G, length cap, stop and pad ids).
+      encoder: prompt tokenisation; scorer: the reward worker pool.
+      prompt_len: the padded prompt length of the returned groups (training groups of
+        different buckets share one buffer).
+      round_size: prompts per call of an engine that generates in rounds.
+      index_of: dataset index of a problem id (-1 for others; the history estimator).
+      mesh: batches are split over its batch axes; None: one device.
+      slots, steps_per_call, attention_block: the decode slots of a slot engine (S, K
+        decode steps per jitted call, keys per decode-attention block).
+    """
+
+    graphdef: Any
+    model_cfg: ModelConfig
+    gen: GenerateConfig
+    encoder: PromptEncoder
+    scorer: RewardScorer
+    prompt_len: int
+    round_size: int
+    index_of: dict[str, int]
+    mesh: Mesh | None
+    slots: int
+    steps_per_call: int
+    attention_block: int

@@ -1,0 +1,247 @@
+"""A run's inputs, built from its settings: the tokenizer, the policy model (loaded or
+random), the datasets, the prompt renderer and the reward scorer's arguments."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+
+import jax
+
+from da3po_jax.config import (
+    DataSettings,
+    ModelSettings,
+    RewardSettings,
+    Settings,
+)
+from da3po_jax.data import (
+    FieldSpec,
+    MathProblem,
+    corpus,
+    generate_split,
+    load_problems,
+)
+from da3po_jax.models import ModelConfig, Transformer, get_preset, init_model, load_model
+from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
+from da3po_jax.parallel import is_main_process, param_sharding
+from da3po_jax.sampling import GenerateConfig
+from da3po_jax.sampling.host import render_question
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Datasets:
+    train: list[MathProblem]
+    heldout: list[MathProblem]
+    sft: list[MathProblem]
+
+
+def tokenizer_for(s: Settings, workdir: str, staging: str | None = None) -> Tokenizer:
+    """The run's tokenizer: the tiny BPE built into the workdir, or a folder's.
+
+    With `staging`, a tiny tokenizer the workdir lacks is built there instead, so that a
+    run refused later writes nothing; `install_tokenizer` moves it into the workdir.
+    """
+    if s.tokenizer.build_tiny:
+        path = os.path.join(workdir, "tokenizer")
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return Tokenizer.load(path)
+        if staging is not None:
+            _build_tiny_tokenizer(s, os.path.join(staging, "tokenizer"))
+            return Tokenizer.load(os.path.join(staging, "tokenizer"))
+        install_tokenizer(s, workdir)
+        return Tokenizer.load(path)
+    return Tokenizer.load(tokenizer_dir(s, workdir))
+
+
+def _build_tiny_tokenizer(s: Settings, path: str) -> None:
+    corpus_texts = corpus(900, seed=0, template=s.data.template)
+    build_bpe_tokenizer(path, corpus_texts, vocab_size=s.tokenizer.vocab_size)
+
+
+def tokenizer_dir(s: Settings, workdir: str) -> str:
+    """The folder holding the run's tokenizer files (copied next to every exported model):
+    the tiny BPE in `<workdir>/tokenizer`, else `tokenizer.path` or `model.path`."""
+    if s.tokenizer.build_tiny:
+        return os.path.join(workdir, "tokenizer")
+    return s.tokenizer.path or s.model.path
+
+
+def install_tokenizer(s: Settings, workdir: str, staging: str | None = None) -> None:
+    """Puts the tiny tokenizer into `<workdir>/tokenizer` (copied from `staging`, where
+    `tokenizer_for` built it, or built now) unless it is there already."""
+    path = os.path.join(workdir, "tokenizer")
+    if not s.tokenizer.build_tiny or os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return
+    # deterministic, so every process of a multi-host run may build it; the first
+    # rename wins and the others drop their copy
+    tmp = f"{path}.tmp{jax.process_index()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    src = os.path.join(staging, "tokenizer") if staging else None
+    if src and os.path.isfile(os.path.join(src, "tokenizer.json")):
+        shutil.copytree(src, tmp)
+    else:
+        _build_tiny_tokenizer(s, tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def generate_configs(s: Settings, tokenizer: Tokenizer) -> tuple[GenerateConfig, GenerateConfig]:
+    """(rollout, eval) sampling settings of the run: G samples at the rollout temperature,
+    and `eval.num_samples` at the eval temperature / top-p (top-k as in the rollout)."""
+    r = s.rollout
+    rollout = GenerateConfig(
+        num_samples=r.group_size,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        stop_ids=tokenizer.eos_ids,
+        pad_id=tokenizer.pad_id,
+    )
+    evaluation = rollout.replace(
+        num_samples=s.eval.num_samples,
+        temperature=s.eval.temperature,
+        top_p=s.eval.top_p,
+        max_new_tokens=s.eval_max_new_tokens,
+    )
+    return rollout, evaluation
+
+
+def policy_model(
+    model: ModelSettings,
+    tokenizer: Tokenizer,
+    *,
+    seed: int,
+    path: str | None = None,
+    mesh=None,
+    preset: str | None = None,
+) -> Transformer:
+    """Loads `path` (or `model.path`) or builds the preset (`model.preset` unless `preset`)
+    with random weights from `seed`; with `mesh`, every parameter is created or read
+    straight into its shards (`parallel.RULES`). The run's runtime fields (dtypes, remat,
+    attention, layer scan) apply either way.
+    """
+    sharding = param_sharding(mesh) if mesh is not None else None
+    path = path or (None if preset else model.path)
+    if path:
+        log.info("loading %s", path)
+        with tensor_bar(os.path.basename(os.path.normpath(path))) as progress:
+            policy = load_model(
+                path, sharding=sharding, progress=progress, **model.runtime_fields()
+            )
+    else:
+        policy = init_model(
+            policy_config(model, tokenizer, preset=preset), seed=seed, sharding=sharding
+        )
+    if policy.cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"the model's vocab_size={policy.cfg.vocab_size} is smaller than the "
+            f"tokenizer's {tokenizer.vocab_size}"
+        )
+    return policy
+
+
+@contextlib.contextmanager
+def tensor_bar(name: str):
+    """A `progress(done, total)` callback for `load_model` that draws a bar over the
+    tensors read (process 0 only; gone once the model is loaded)."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=total,
+                desc=f"loading {name}",
+                unit="tensor",
+                leave=False,
+                dynamic_ncols=True,
+                disable=not is_main_process(),
+            )
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def policy_config(
+    model: ModelSettings, tokenizer: Tokenizer, path: str | None = None, *, preset=None
+) -> ModelConfig:
+    """The architecture `policy_model` builds, without building it: `path`'s (or
+    `model.path`'s) config.json, else the preset sized to the tokenizer's vocabulary;
+    the run's runtime fields (dtypes, remat, `scan_layers`, ...) override either. Shapes
+    of a checkpointed policy come from here (e.g. to restore only its parameters)."""
+    path = path or (None if preset else model.path)
+    if path:
+        return ModelConfig.from_hf_folder(path, **model.runtime_fields())
+    vocab = preset_vocab(tokenizer.vocab_size)
+    return get_preset(preset or model.preset, vocab_size=vocab, **model.runtime_fields())
+
+
+def preset_vocab(tokenizer_vocab: int) -> int:
+    """The vocabulary of a random-init policy: the tokenizer's, rounded up to 8."""
+    return -(-tokenizer_vocab // 8) * 8
+
+
+def _fields(d: DataSettings) -> FieldSpec:
+    kwargs = dict(answer_mode=d.answer_mode, dedupe=d.dedupe)
+    if d.prompt_field:
+        kwargs["prompt"] = d.prompt_field
+    if d.answer_field:
+        kwargs["answer"] = d.answer_field
+    return FieldSpec(**kwargs)
+
+
+def load_datasets(d: DataSettings, seed: int) -> Datasets:
+    """Train / held-out / SFT problems for `d.source` (synthetic splits from `seed`)."""
+    if d.source == "synthetic":
+        split = lambda name, n: generate_split(name, n, seed=seed) if n else []  # noqa: E731
+        return Datasets(
+            split("train", d.synthetic_train),
+            split("heldout", d.synthetic_eval),
+            split("sft", d.synthetic_sft),
+        )
+    if d.source == "tfds":
+        if not d.tfds_name:
+            raise ValueError("config.data.tfds_name is required for data.source='tfds'")
+        train = load_problems(f"tfds:{d.tfds_name}", _fields(d), split="train").problems
+        heldout = load_problems(f"tfds:{d.tfds_name}", _fields(d), split=d.eval_split).problems
+        return Datasets(train, heldout, train)
+    train = load_problems(d.train_path, _fields(d)).problems
+    heldout = load_problems(d.eval_path, _fields(d)).problems if d.eval_path else []
+    return Datasets(train, heldout, train)
+
+
+def prompt_renderer(s: Settings, tokenizer: Tokenizer):
+    """problem -> the exact text the policy sees (template, then chat template)."""
+    system = s.tokenizer.system_prompt or None
+
+    def render(problem: MathProblem) -> str:
+        return render_question(tokenizer, problem.prompt, s.data.template, system)
+
+    return render
+
+
+def scorer_kwargs(r: RewardSettings) -> dict:
+    """`RewardScorer`'s arguments from the `reward` settings."""
+    return dict(
+        num_workers=max(r.num_workers, 1),
+        timeout_s=r.timeout_s,
+        correct_reward=r.correct,
+        incorrect_reward=r.incorrect,
+        verifier=r.verifier,
+    )

@@ -1,0 +1,209 @@
+"""The training job, `train(config, workdir)`: the one library call behind
+`python -m da3po_jax.main`.
+
+Builds the run from its settings: tokenizer, policy (from a HF folder, an SFT warm start
+cached in the workdir or `sft.out_dir`, or random init), the frozen teacher of OPD /
+RA-OPD (a HF folder, built once by a longer SFT warm start when asked), data, reward
+workers; then runs the SFT stage or the RL loop, writes plots and a summary, and exports
+the final policy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+from flax import nnx
+
+from da3po_jax.config import Settings, resolve_settings
+from da3po_jax.parallel import is_main_process, make_mesh
+from da3po_jax.run.build import build_trainer, eval_engine, heldout_problems
+from da3po_jax.run.context import RunContext, open_context
+from da3po_jax.run.evaluation import evaluate
+from da3po_jax.run.inputs import (
+    generate_configs,
+    load_datasets,
+    policy_model,
+    tokenizer_dir,
+    tokenizer_for,
+)
+from da3po_jax.run.loop import RLTrainer
+from da3po_jax.run.saved_run import export_policy
+from da3po_jax.run.teacher import build_teacher, load_teacher
+from da3po_jax.run.warm_start import sft_warm_start
+from da3po_jax.run.workdir import PendingLogs, check_teacher_files, check_workdir, sft_dir
+from da3po_jax.runtime.curves import plot_curves
+from da3po_jax.runtime.metrics_file import read_metrics
+from da3po_jax.runtime.signals import stop_on_signals
+
+log = logging.getLogger(__name__)
+
+
+def train(config, workdir: str) -> dict[str, Any]:
+    """Runs the configured stage in `workdir` (created; resumed when it holds a checkpoint).
+
+    Every check that can refuse the run (config fields, the workdir's layout and
+    checkpoints, data files, tokenizer and model files) runs before anything is written
+    into `workdir`: a refused run leaves it as it was. On SIGTERM / SIGINT the RL loop
+    saves a checkpoint after the step in progress and `Preempted` is raised.
+
+    Args:
+      config: an ml_collections config of `configs/base.py`'s form (resolved here).
+
+    Returns:
+      A summary: held-out accuracy before and after (by tier) and the workdir's files.
+    """
+    s = resolve_settings(config)
+    workdir = os.path.abspath(workdir)
+    pending = PendingLogs()
+    staging = tempfile.mkdtemp(prefix="da3po-staging-")
+    try:
+        check_workdir(s, workdir)
+        mesh = make_mesh(s.mesh.shape)
+        log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
+        tokenizer = tokenizer_for(s, workdir, staging)
+        data = load_datasets(s.data, s.seed)
+        log.info(
+            "data: %d train, %d held-out, %d sft problems",
+            len(data.train),
+            len(data.heldout),
+            len(data.sft),
+        )
+        model = None if s.stage == "sft" else _load_policy(s, workdir, tokenizer, mesh)
+        check_teacher_files(s)
+        accept = lambda: pending.accept(s, workdir, staging)  # noqa: E731
+        resuming = s.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
+        if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
+            accept()  # else once the checkpoint is restored: a damaged one may still refuse
+        with open_context(s, workdir, tokenizer, data, mesh) as ctx, stop_on_signals() as stop:
+            ctx = ctx.replace(stop=stop)
+            if s.stage == "sft":
+                return _sft_stage(ctx)
+            return _rl_stage(ctx, model, accept)
+    finally:
+        pending.close()
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rl_stage(ctx: RunContext, model, accept) -> dict[str, Any]:
+    s = ctx.settings
+    if s.distillation:
+        build_teacher(ctx)
+    if model is None:
+        model = _warm_start_policy(ctx)
+    teacher, teacher_eval = None, {}
+    if s.distillation:
+        probes = [ctx.encoder.render(p) for p in ctx.data.train[:2]]
+        teacher = load_teacher(s, ctx.tokenizer, model, ctx.mesh, probes)
+        if s.teacher.eval:
+            teacher_eval = _teacher_eval(ctx, teacher)
+    trainer = build_trainer(ctx, model, teacher, on_resumed=accept)
+    try:
+        evals = trainer.run()
+    finally:
+        trainer.close()
+    if s.train.export_final:
+        policy = nnx.merge(trainer.update.graphdef, trainer.state.params)
+        final = os.path.join(ctx.workdir, "final_model")
+        export_policy(policy, final, tokenizer_dir(s, ctx.workdir))
+    return _finish(s, ctx.workdir, trainer, evals, teacher_eval)
+
+
+def _load_policy(s: Settings, workdir: str, tokenizer, mesh):
+    """The initial policy when it can be read from a folder (`model.init_checkpoint`, a
+    cached SFT warm start, `model.path`) or built at random; None when an SFT warm start
+    must train it first."""
+    if s.model.init_checkpoint:
+        return policy_model(
+            s.model, tokenizer, seed=s.seed, path=s.model.init_checkpoint, mesh=mesh
+        )
+    if not s.sft.enable:
+        return policy_model(s.model, tokenizer, seed=s.seed, mesh=mesh)
+    cached = sft_dir(s, workdir)
+    if os.path.isfile(os.path.join(cached, "config.json")):
+        log.info("warm start: reusing %s", cached)
+        return policy_model(s.model, tokenizer, seed=s.seed, path=cached, mesh=mesh)
+    return None
+
+
+def _warm_start_policy(ctx: RunContext):
+    s = ctx.settings
+    out = sft_dir(s, ctx.workdir)
+    log.info("warm start: %d SFT steps (cached in %s)", s.sft.steps, out)
+    model = policy_model(s.model, ctx.tokenizer, seed=s.seed, mesh=ctx.mesh)
+    return sft_warm_start(ctx, model, out)
+
+
+def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
+    """The teacher's held-out accuracy (the level OPD pulls the student towards), computed
+    once per workdir and cached in `teacher_eval.json`."""
+    path = os.path.join(ctx.workdir, "teacher_eval.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    metrics = _heldout_eval(ctx, teacher, "teacher eval")
+    k = ctx.settings.eval.num_samples
+    log.info("teacher held-out avg@%d: %.3f", k, metrics.get(f"eval/avg@{k}", float("nan")))
+    if is_main_process():
+        with open(path, "w") as f:
+            json.dump(metrics, f, indent=2)
+    return metrics
+
+
+def _heldout_eval(ctx: RunContext, model, desc: str = "eval") -> dict[str, float]:
+    s = ctx.settings
+    problems = heldout_problems(ctx)
+    if not problems:
+        return {}
+    graphdef, params = nnx.split(model)
+    gen = generate_configs(s, ctx.tokenizer)[1]
+    engine = eval_engine(ctx, graphdef, model.cfg, gen, problems)
+    rng = jax.random.PRNGKey(s.seed + 1)
+    return evaluate(engine, params, problems, rng, s.eval.group_by, desc)
+
+
+def _sft_stage(ctx: RunContext) -> dict[str, Any]:
+    s = ctx.settings
+    out = sft_dir(s, ctx.workdir)
+    model = policy_model(s.model, ctx.tokenizer, seed=s.seed, mesh=ctx.mesh)
+    model = sft_warm_start(ctx, model, out)
+    summary: dict[str, Any] = {"sft_model": out}
+    if ctx.data.heldout:
+        summary["eval"] = _heldout_eval(ctx, model)
+        log.info("SFT held-out: %s", summary["eval"])
+    return summary
+
+
+def _finish(s: Settings, workdir: str, trainer: RLTrainer, evals, teacher_eval=None):
+    summary: dict[str, Any] = {"algo": s.algo, "steps": int(trainer.state.step)}
+    if teacher_eval:
+        summary["teacher"] = teacher_eval
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    all_evals = [r for r in read_metrics(metrics_path) if r["kind"] == "eval"]
+    if all_evals:
+        summary["before"] = {k: v for k, v in all_evals[0].items() if k.startswith("eval/")}
+        summary["after"] = {k: v for k, v in all_evals[-1].items() if k.startswith("eval/")}
+    if is_main_process():
+        summary["plot"] = plot_curves(metrics_path, os.path.join(workdir, "curves.png"))
+        with open(os.path.join(workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        _print_summary(s, summary)
+    return summary
+
+
+def _print_summary(s: Settings, summary: dict[str, Any]) -> None:
+    k = s.eval.num_samples
+    before, after = summary.get("before", {}), summary.get("after", {})
+    lines = [f"{s.algo}: {summary['steps']} RL steps; held-out avg@{k} before -> after"]
+    for key in sorted(after):
+        if key.startswith(f"eval/avg@{k}"):
+            lines.append(f"  {key:<24} {before.get(key, float('nan')):.3f} -> {after[key]:.3f}")
+    teacher = summary.get("teacher", {})
+    if f"eval/avg@{k}" in teacher:
+        lines.append(f"  teacher eval/avg@{k}: {teacher[f'eval/avg@{k}']:.3f}")
+    print("\n".join(lines))
