@@ -28,6 +28,9 @@ def get_config() -> config_dict.ConfigDict:
         "auto"  # auto | naive | blockwise | cudnn | splash (training forward, prefill)
     )
     c.model.attention_block = 512  # query/key block of the blockwise kernels
+    # continuous engine's decode step: auto (ragged on TPU) | blockwise (pure JAX) | ragged
+    # (the Pallas TPU kernel reading only live KV pages; interpreted off TPU: slow)
+    c.model.decode_attention = "auto"
     c.model.scan_layers = False  # layers stacked under lax.scan: compile time flat in depth
     c.model.remat_policy = "nothing"  # nothing | dots: what a rematerialised layer keeps
     c.model.init_checkpoint = ""  # HF folder to start RL from (e.g. an SFT export)

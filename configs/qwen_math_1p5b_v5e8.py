@@ -15,6 +15,12 @@ Planner (python -m da3po_jax.plan, GiB per chip): params 0.72, optimizer 1.44, g
 1.44, batch 0.01, gathered 0.87, kv_cache 7.00, rollout_work 0.25, activations 4.11;
 rollout phase 7.25, train phase 5.55; peak 10.29 GiB = 64.3% of 16 GiB -> fits (usable
 90%; the tightest of the recipes).
+
+Compiled for v5e-8 (python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py
+--compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1, 2026-12-03): DOES NOT FIT. The update
+compiles at 16.6 GiB per chip and the sampler does not compile (16.07 GiB of temporaries
+over the chip's 15.75 GiB); the planner's numbers above are low (docs/memory.md). Not
+re-sized yet.
 """
 
 import os

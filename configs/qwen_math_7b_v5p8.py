@@ -16,6 +16,10 @@ Planner (python -m da3po_jax.plan, GiB per chip): params 7.09, optimizer 14.19, 
 14.19, batch 0.02, gathered 2.03, kv_cache 27.99, rollout_work 1.10, activations 14.05;
 rollout phase 29.09, train phase 28.23; peak 52.43 GiB = 55.2% of 95 GiB -> fits (usable
 90%), with float32 master weights.
+
+Compiled for v5p-8 (python -m da3po_jax.plan --config=configs/qwen_math_7b_v5p8.py
+--compile=v5p-8; jax 0.10.2, libtpu 0.0.42.1, 2026-12-03): peak 90.7 GiB per chip (the
+sampler; update 63.9) of 95 -> fits; the planner's 52 GiB above is low (docs/memory.md).
 """
 
 import os

@@ -12,70 +12,26 @@ module runs as a script, so importing it beside `da3po_jax.main` redefines nothi
 Model shapes come from `config.model.path`'s `config.json` when that folder exists, else
 from `config.model.preset` (with a warning when a path was given but is not here yet).
 
-What is counted (per device, bytes):
+`--compile=TOPOLOGY` (a TPU product: v5e-8, v5p-16, ...; `da3po_jax.compile`) compiles
+every program of the run for it instead, on this machine (libtpu, no TPU), and prints the
+compiled bytes per device beside this plan.
 
-* params, optimizer (AdamW mu + nu, step counts) and reference/teacher copies: EXACT, from
-  the sharding rules (`parallel.rules.spec_for` on an `AbstractMesh`: each dimension is
-  divided by the mesh axes its spec names; no devices needed). Shapes come from
-  `nnx.eval_shape` / `jax.eval_shape` of the real constructors, so nothing is guessed.
-* grads: 2 x params in the parameter dtype. The update accumulates micro-batch gradients
-  in a `lax.scan` carry, so the accumulator and the current micro-batch's gradients are
-  both alive in the worst case (assumption: XLA does not fuse the add into the backward).
-* kv_cache: the largest of the rollout cache (rows = round prompts x group_size, where
-  the round is `rollout.prompts_per_round` with dynamic sampling and `rl.train_prompts`
-  without) and the eval cache (`eval.prompts_per_call` x `eval.num_samples`); slots =
-  prompt_len + max_new_tokens - 1, in the compute dtype. Rows are split over data x fsdp
-  when the prompt count divides, KV heads over tensor when they divide (as `new_cache`).
-  With `rollout.engine = continuous` the cache is the slots' instead, for rollout and
-  eval alike: `rollout.slots` rows (split over data x fsdp) x (prompt_len + max_new_tokens
-  - 1, rounded up to `rollout.attention_block`) slots.
-* rollout_work (estimate): the prefill's own small cache, the larger of the prefill
-  attention work (as for activations below, over P prompts of Tp tokens) and one decode
-  step (f32 logits x 3 + scores), and the loop's token / log-prob buffers.
-* activations (estimate) of one train micro-batch of b rows per device of T tokens: with
-  `rl.packing`, b = `rl.pack_rows` / (data x fsdp) rows of T = `rl.pack_length` (0:
-  prompt_len + max_new_tokens), else `rl.micro_batch_prompts` x group_size rows of T =
-  prompt_len + max_new_tokens. With `model.remat` each layer saves only its input (k = 1
-  x b*T*H compute-dtype bytes per layer) and one layer is recomputed at a time (2 x the
-  no-remat layer below, for the layer's activations and their gradients); without remat
-  each layer saves k = 8 + 4 * intermediate/hidden units of b*T*H (norms, q, attention
-  output, residuals and the four SwiGLU tensors) plus the attention work: for
-  `model.attention = naive` the probs and scores b*heads*T*T (compute dtype + f32), for
-  the blockwise kernels (every other choice) two blocks of them and three f32 statistics
-  per query, O(T); `auto` resolves per `--device` (cuDNN on GPUs, splash on TPUs), and
-  cuDNN adds its b*T*T segment mask (bool + a compute-dtype bias), O(T^2). Plus the
-  chunked logits block b*logits_chunk*vocab*4*3 (logits, probs, their product), the final
-  hidden states in f32 and, packed, 12 f32 values per mini-batch row and column (the
-  scatter indices, the log-probs read back, the loss terms and their gradients).
-* gathered (estimate): XLA all-gathers one FSDP-sharded layer (or the unembedding) at a
-  time in the compute dtype; 2x for prefetching.
-* batch: the step's buffer of `rl.train_prompts` groups plus the dynamic-sampling surplus
-  (the engine's `max_in_flight` groups: one round, or 4 x slots / group_size), as the
-  trainer builds them (`rollout.GroupBatch.zeros`: prompt tokens and mask, response tokens,
-  mask and both log-probs, the per-response scalars), slots split over data x fsdp when
-  divisible; exact but for the prompt length (the trainer pads to the
-  longest training prompt's bucket, at most this one).
-
-peak = params + optimizer + reference + teacher + batch + gathered
-       + max(rollout phase = kv_cache + rollout_work, train phase = grads + activations):
-one KV cache is alive at a time and none during the update (`Sampler` keeps one, freeing
-it when the shapes change; the trainer clears it after the generation rounds and
-`evaluate` at its end). Not counted (small): the per-prompt history table (8 bytes per
-training prompt) and, while a round generates, the previous round's groups and the new
-surplus beside the old one (about two rounds' share of `batch`). `fits` is peak <= usable
-x device memory (default usable = 0.9; on GPUs JAX preallocates 75% unless
-XLA_PYTHON_CLIENT_MEM_FRACTION is raised, e.g. to .95). Device memory per chip (GiB,
-nominal): see `DEVICE_GIB`.
+What is counted, component by component, and how `--compile` measures the same: see
+docs/memory.md. In short, peak = params + optimizer + reference + teacher + batch +
+gathered + max(rollout phase = kv_cache + rollout_work, train phase = grads +
+activations); the first five are exact from the sharding rules, the rest estimates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -395,16 +351,8 @@ def _resident(r: _Run) -> dict[str, Any]:
     params = tree_nbytes(params_abs, r.mesh)
     tx, _ = make_optimizer(s.optim, max(s.train.steps, 1))
     teacher, teacher_name = 0, s.teacher.path or s.teacher.preset
-    if teacher_name:  # `run.teacher.load_teacher` builds it with the policy's dtypes
-        try:
-            tcfg = model_config(
-                s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s)
-            )
-        except ValueError:
-            log.warning(
-                "teacher %r has no config.json here: assuming the policy's shapes", teacher_name
-            )
-            tcfg = mc
+    tcfg = teacher_config(s, mc)
+    if tcfg is not None:
         teacher = tree_nbytes(abstract_params(tcfg), r.mesh)
     g, tn, devs = s.rollout.group_size, s.rollout.max_new_tokens, r.batch_devs
     batch = group_buffer_nbytes(g, r.tp, tn, s.rl.train_prompts, devs)
@@ -422,6 +370,25 @@ def _resident(r: _Run) -> dict[str, Any]:
         "batch": batch,
         "gathered": gathered,
     }
+
+
+def policy_config(s: Settings) -> ModelConfig:
+    """The policy's `ModelConfig` with the run's runtime fields (see `model_config`)."""
+    return model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
+
+
+def teacher_config(s: Settings, policy: ModelConfig) -> ModelConfig | None:
+    """The OPD teacher's `ModelConfig` (None: no teacher), built with the policy's dtypes
+    as `run.teacher.load_teacher` builds it; the policy's shapes when its folder is not
+    here yet."""
+    name = s.teacher.path or s.teacher.preset
+    if not name:
+        return None
+    try:
+        return model_config(s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s))
+    except ValueError:
+        log.warning("teacher %r has no config.json here: assuming the policy's shapes", name)
+        return policy
 
 
 def _vocab(s: Settings) -> int | None:
@@ -492,7 +459,7 @@ def plan_memory(
     except ValueError as e:
         raise ValueError(f"config.{e}") from None
     device_bytes = _device_bytes(device, device_gib)
-    mc = model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
+    mc = policy_config(s)
     r = _Run(s, abstract_mesh(shape), mc, device, int(prompt_len or max(s.rollout.prompt_buckets)))
     res, roll, train = _resident(r), _rollout_phase(r), _train_phase(r)
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
@@ -529,6 +496,18 @@ def _define_flags():
     flags.DEFINE_integer("prompt_len", 0, "Padded prompt length; 0 = max(rollout.prompt_buckets).")
     flags.DEFINE_float("usable", 0.9, "Fraction of device memory the run may use.")
     flags.DEFINE_bool("json", False, "Print the plan as JSON instead of a table.")
+    flags.DEFINE_string(
+        "compile",
+        "",
+        "A TPU topology (e.g. v5e-8, v5p-16): compile every program of the run "
+        "for it (needs libtpu, no TPU) and report the compiled memory beside the plan.",
+    )
+    flags.DEFINE_list(
+        "programs",
+        [],
+        "With --compile: these programs (default: the run's own; 'all': both update "
+        "variants and both engines; names in `da3po_jax/compile/programs.py`).",
+    )
     flags.mark_flags_as_required(["config"])
 
 
@@ -540,6 +519,8 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     F = flags.FLAGS
+    if F.compile:
+        sys.exit(compile_main(F.config, F.compile, F.prompt_len or None, F.json, F.programs))
     try:
         plan = plan_memory(
             plan_settings(F.config),
@@ -552,6 +533,64 @@ def main(argv: list[str]) -> None:
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     print(json.dumps(plan.to_dict(), indent=2) if F.json else plan.table())
+
+
+def compile_report(
+    config: Any,
+    name: str,
+    prompt_len: int | None = None,
+    progress=print,
+    only: Sequence[str] = (),
+) -> dict:
+    """Compiles every program of the run of `config` for the TPU topology `name` and
+    returns the report (`da3po_jax.compile.summary`): the programs' compiled memory and
+    cost per device, the run's compiled peak beside this planner's, and a roofline.
+    `only`: compile just these programs (the peak is then over those).
+
+    Raises:
+      ValueError: an unknown topology or a bad config field; RuntimeError: no libtpu.
+    """
+    from da3po_jax import compile as aot
+    from da3po_jax.parallel.mesh import make_mesh
+
+    topo = aot.topology(name)
+    devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
+    s = plan_settings(config)
+    try:
+        shape = resolve_mesh_shape(s.mesh.shape, topo.chips)
+    except ValueError as e:
+        raise ValueError(f"config.{e}") from None
+    plan = plan_memory(
+        s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
+    )
+    tp = plan.info["prompt_len"]
+    mesh = make_mesh(shape, devices)
+    mc = policy_config(s)
+    progress(f"{topo.describe()}; mesh {shape}; attention {plan.info['attention']}")
+    a, programs = aot.run_programs(s, mc, mesh, prompt_len=tp, teacher_mc=teacher_config(s, mc))
+    programs = aot.select(programs, only)
+    lower_only = topo.platform == "cuda"
+    shapes = aot.parameter_shapes(a.params, a.teacher[1] if a.teacher else None)
+    compiled = aot.compile_all(
+        programs, topo.platform, mesh, progress, lower_only=lower_only, param_shapes=shapes
+    )
+    return aot.summary(s, mc, topo, mesh, a, compiled, plan, tp)
+
+
+def compile_main(
+    config: Any, name: str, prompt_len: int | None, as_json: bool, only: Sequence[str] = ()
+) -> int:
+    """`--compile`: prints the report (progress on stderr); 1 when a program did not
+    compile or the run cannot be built."""
+    from da3po_jax.compile import print_report
+
+    progress = functools.partial(print, file=sys.stderr, flush=True)
+    try:
+        report = compile_report(config, name, prompt_len, progress=progress, only=only)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return print_report(report, as_json)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ def _free_compiled_programs():
     gc.collect()
 
 
+# The suite runs on CPU. With libtpu installed (the test extra, for tests/compile) JAX would
+# otherwise probe for a TPU in every worker; on a TPU VM set JAX_PLATFORMS=tpu,cpu for the
+# tests marked `tpu`.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -37,6 +37,17 @@ ALLOWED = {
         "data",
         "parallel",
     },
+    "compile": {
+        "config",
+        "run",
+        "runtime",
+        "update",
+        "rollout",
+        "rl",
+        "sampling",
+        "models",
+        "parallel",
+    },
 }
 COMMANDS = ("main", "eval", "export", "sample", "plan", "cli")  # thin CLIs over every layer
 

@@ -165,6 +165,16 @@ COMMANDS: dict[str, Run] = {
     ),
     "python -m da3po_jax.plan --config=configs/qwen_math.py --config.mesh.shape=1,8,1 "
     "--device=h100": Run("plan", "plan", expect="PEAK", slow=False),
+    # --- compiling for TPUs without a TPU (libtpu): the tiny run, one small program
+    "python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py --compile=v5e-8": Run(
+        "compile_v5e8",
+        "compile",
+        ("--programs=ds_round",),
+        replace=(("configs/qwen_math_1p5b_v5e8.py", "configs/tiny_math.py"),),
+        expect="ds_round: ok",
+        needs=("libtpu",),
+        slow=False,
+    ),
     # --- TPU VM and SLURM launch scripts: every command with --dry-run
     "export TPU_NAME=my-tpu TPU_ZONE=us-east5-a": Run("tpu_env", "tpu", slow=False),
     "launch/tpu_vm.sh create --type v5p-8": Run(

@@ -8,7 +8,7 @@ rl/ math's configs, the resume fingerprint). Every other module takes the settin
 section of them, it needs.
 """
 
-from da3po_jax.config.resolve import algorithm_preset, resolve_settings
+from da3po_jax.config.resolve import algorithm_preset, resolve_settings, with_added_fields
 from da3po_jax.config.sections import (
     DataSettings,
     EvalSettings,
@@ -38,5 +38,6 @@ __all__ = [
     "TokenizerSettings",
     "TrainSettings",
     "algorithm_preset",
+    "with_added_fields",
     "resolve_settings",
 ]

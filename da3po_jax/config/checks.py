@@ -13,7 +13,11 @@ from typing import Any
 from da3po_jax.config.settings import ALGORITHMS, Settings
 from da3po_jax.data.prompts import get_template
 from da3po_jax.data.readers import ANSWER_MODES
-from da3po_jax.models.config import ATTENTION_CHOICES, REMAT_POLICY_CHOICES
+from da3po_jax.models.config import (
+    ATTENTION_CHOICES,
+    DECODE_ATTENTION_CHOICES,
+    REMAT_POLICY_CHOICES,
+)
 from da3po_jax.models.presets import PRESETS
 from da3po_jax.rewards.scorer import VERIFIERS
 from da3po_jax.rl import ADVANTAGE_ESTIMATORS, AGG_MODES, DAA_RULES
@@ -58,6 +62,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "model.dtype": _choice("float32", "bfloat16"),
     "model.logits_chunk": _positive,
     "model.attention": _choice(*ATTENTION_CHOICES),
+    "model.decode_attention": _choice(*DECODE_ATTENTION_CHOICES),
     "model.attention_block": _positive,
     "model.remat_policy": _choice(*REMAT_POLICY_CHOICES),
     "tokenizer.vocab_size": _positive,

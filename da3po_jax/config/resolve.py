@@ -81,6 +81,22 @@ def resolve_settings(config: Any, *, inputs: bool = True) -> Settings:
     return settings
 
 
+# Fields added after runs were first saved, with the value that reproduces those runs: a
+# saved run's config.json that predates one gets it (`with_added_fields`).
+ADDED_FIELDS: dict[str, Any] = {"model.decode_attention": "auto"}
+
+
+def with_added_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's config (a nested mapping) with every field added since it was written
+    (`ADDED_FIELDS`) filled; nothing else changes."""
+    out = _plain(raw)
+    for key, value in ADDED_FIELDS.items():
+        section, leaf = key.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].setdefault(leaf, value)
+    return out
+
+
 def _plain(config: Any) -> dict[str, Any]:
     """A nested dict copy of `config` (a ConfigDict, FrozenConfigDict or mapping)."""
     if hasattr(config, "to_dict"):

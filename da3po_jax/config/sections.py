@@ -24,6 +24,7 @@ class ModelSettings:
     remat: bool
     attention: str
     attention_block: int
+    decode_attention: str
     scan_layers: bool
     remat_policy: str
     init_checkpoint: str

@@ -29,16 +29,37 @@ libraries; `"auto"` picks one per backend (`resolve_impl`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
 _F32 = jnp.float32
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+    """Traces inside choose kernels for `platform` ("tpu", "gpu") instead of the running
+    backend, and Pallas kernels are lowered for real rather than interpreted: for compiling
+    a TPU program in a process that runs on CPU (`da3po_jax.compile`)."""
+    token = _PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+
+
+def target_platform() -> str:
+    """The platform the traced program is for: `compiling_for`'s, else the backend's."""
+    return _PLATFORM.get() or jax.default_backend()
 
 
 def segment_ids_from_mask(mask: jax.Array) -> jax.Array:
@@ -334,10 +355,9 @@ def attention_splash(q, k, v, segment_ids, *, block_q: int = 512, block_k: int =
     Splash wants head-major [B, heads, T, D], blocks that are multiples of 128 and divide
     T, and no padding query row without keys: T is padded (segment 0, whose causal rows
     always see themselves), queries are pre-scaled and padding queries are zeroed after.
-    Shapes as in `attention_naive`.
+    Under a mesh (`jax.set_mesh`) the kernel runs per shard (`_per_shard`). Shapes as in
+    `attention_naive`.
     """
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa
-
     b, t, kv, g, d = q.shape
     bq = min(_round_up(block_q, 128), _round_up(t, 128))
     bk = min(_round_up(block_k, 128), _round_up(t, 128))
@@ -346,10 +366,49 @@ def attention_splash(q, k, v, segment_ids, *, block_q: int = 512, block_k: int =
     qh = _pad_time(qh, tp, axis=2)
     kh, vh = (_pad_time(x.transpose(0, 2, 1, 3), tp, axis=2) for x in (k, v))
     seg = _pad_time(segment_ids.astype(jnp.int32), tp, axis=1)
-    kernel = _splash_kernel(kv * g, tp, bq, bk, jax.default_backend() != "tpu")
-    out = jax.vmap(kernel)(qh, kh, vh, sa.SegmentIds(q=seg, kv=seg))
+    interpret = target_platform() != "tpu"
+
+    def run(qh, kh, vh, seg):  # one shard: [b, heads, Tp, D], its own heads
+        from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+        kernel = _splash_kernel(qh.shape[1], tp, bq, bk, interpret)
+        return jax.vmap(kernel)(qh, kh, vh, sa.SegmentIds(q=seg, kv=seg))
+
+    out = _per_shard(run, qh, kh, vh, seg)
     out = out[:, :, :t].transpose(0, 2, 1, 3).reshape(b, t, kv, g, v.shape[-1])
     return jnp.where((segment_ids != 0)[:, :, None, None, None], out, 0).astype(v.dtype)
+
+
+def _per_shard(fn, qh, kh, vh, seg):
+    """`fn(qh, kh, vh, seg)` under `shard_map` over the ambient mesh: a Pallas kernel is
+    not partitioned by XLA, so each device runs it on its own rows (split over the batch
+    axes `data`, `fsdp` when they divide B) and its own heads (split over `tensor` when it
+    divides the KV heads; query heads h = kv * groups + g stay with their KV head). With
+    no mesh set, or one device, `fn` runs as it is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return fn(qh, kh, vh, seg)
+    batch, heads = kernel_axes(mesh, qh.shape[0], kh.shape[1])
+    rows = PartitionSpec(batch, heads)
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(rows, rows, rows, PartitionSpec(batch)),
+        out_specs=rows,
+        check_vma=False,
+    )(qh, kh, vh, seg)
+
+
+def kernel_axes(mesh, batch_size: int, kv_heads: int) -> tuple[tuple[str, ...] | None, str | None]:
+    """(batch axes, head axis) a Pallas kernel's inputs are split over under `mesh`: rows
+    over `data` x `fsdp` when they divide `batch_size`, KV heads over `tensor` when it
+    divides them; None where they stay whole."""
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    batch = tuple(a for a in ("data", "fsdp") if sizes.get(a, 1) > 1)
+    if batch_size % math.prod(sizes[a] for a in batch):
+        batch = ()
+    tensor = sizes.get("tensor", 1)
+    return batch or None, "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
 
 
 IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
@@ -417,6 +476,6 @@ def attention(
         raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} do not match")
     if segment_ids.shape != (b, t):
         raise ValueError(f"segment_ids {segment_ids.shape} must be {(b, t)}")
-    name = resolve_impl(impl, jax.default_backend(), q.dtype, d)
+    name = resolve_impl(impl, target_platform(), q.dtype, d)
     fn = IMPLEMENTATIONS[name]
     return fn(q, k, v, segment_ids.astype(jnp.int32), block_q=block_q, block_k=block_k)

@@ -23,6 +23,8 @@ SUPPORTED_MODEL_TYPES = {
 
 # Self-attention implementations (models/attention.py; "auto" picks one by backend).
 ATTENTION_CHOICES = ("auto", "naive", "blockwise", "cudnn", "splash")
+# Decode attention of the continuous engine's slots ("auto": "ragged" on TPU).
+DECODE_ATTENTION_CHOICES = ("auto", "blockwise", "ragged")
 
 REMAT_POLICY_CHOICES = ("nothing", "dots")
 # Fields that say how the model runs, not what it is (never read from or written to a HF
@@ -35,6 +37,7 @@ RUNTIME_FIELDS = (
     "remat_policy",
     "attention",
     "attention_block",
+    "decode_attention",
     "scan_layers",
 )
 
@@ -70,6 +73,9 @@ class ModelConfig:
       attention: self-attention implementation of the training forward and the prefill
         ("auto", "naive", "blockwise", "cudnn", "splash"; models/attention.py).
       attention_block: query/key block of the blockwise kernels.
+      decode_attention: the continuous engine's decode step over its slots: "blockwise"
+        (pure JAX, `transformer.decode_attention`), "ragged" (the Pallas TPU kernel,
+        `models/decode_kernel.py`) or "auto" ("ragged" on TPU, else "blockwise").
       scan_layers: store the layers stacked (a leading layer axis) and run them under
         `lax.scan`, so compile time does not grow with depth.
       remat_policy: what a rematerialised layer keeps ("nothing": recompute it all;
@@ -99,6 +105,7 @@ class ModelConfig:
     logits_chunk: int = 512
     remat: bool = False
     attention: str = "auto"
+    decode_attention: str = "auto"
     attention_block: int = 512
     scan_layers: bool = False
     remat_policy: str = "nothing"
@@ -121,6 +128,11 @@ class ModelConfig:
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(
                 f"attention={self.attention!r}; expected one of {list(ATTENTION_CHOICES)}"
+            )
+        if self.decode_attention not in DECODE_ATTENTION_CHOICES:
+            raise ValueError(
+                f"decode_attention={self.decode_attention!r}; expected one of "
+                f"{list(DECODE_ATTENTION_CHOICES)}"
             )
         if self.remat_policy not in REMAT_POLICY_CHOICES:
             raise ValueError(

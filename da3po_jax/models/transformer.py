@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from da3po_jax.models.attention import attention
+from da3po_jax.models.attention import attention, target_platform
 from da3po_jax.models.config import ModelConfig
 
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -251,7 +251,8 @@ class Attention(nnx.Module):
         vc = vc.at[rows, write].set(v[:, 0].astype(vc.dtype), mode="drop")
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(x.shape[0], cfg.num_kv_heads, groups, cfg.head_dim)
-        out = decode_attention(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
+        attend = _DECODE[resolve_decode(cfg.decode_attention, target_platform())]
+        out = attend(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
         out = out.reshape(x.shape[0], 1, cfg.num_heads, cfg.head_dim).astype(x.dtype)
         return self._output(out), (kc, vc)
 
@@ -320,6 +321,20 @@ def decode_attention(q, k, v, lengths, block: int) -> jax.Array:
     )
     _, denom, acc = jax.lax.fori_loop(0, num_blocks, body, init)
     return acc / jnp.maximum(denom, 1e-30)[..., None]
+
+
+def resolve_decode(impl: str, platform: str) -> str:
+    """The decode attention `impl` ("auto": "ragged" on TPU, else "blockwise") runs."""
+    return ("ragged" if platform == "tpu" else "blockwise") if impl == "auto" else impl
+
+
+def _ragged(q, k, v, lengths, block):
+    from da3po_jax.models.decode_kernel import ragged_decode_attention
+
+    return ragged_decode_attention(q, k, v, lengths, block)
+
+
+_DECODE = {"blockwise": decode_attention, "ragged": _ragged}
 
 
 class MLP(nnx.Module):

@@ -9,8 +9,9 @@ outputs, parameters) and XLA propagates them through the model.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -59,7 +60,21 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence | None = None
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
     if devices == jax.devices():
         return jax.make_mesh(resolved, AXES, axis_types=auto)
+    if devices[0].platform == "tpu":  # e.g. a topology's devices, compiled for from a CPU host
+        return jax.make_mesh(resolved, AXES, axis_types=auto, devices=devices)
     return Mesh(np.asarray(devices).reshape(resolved), AXES, axis_types=auto)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh: Mesh | None) -> Iterator[None]:
+    """On TPU, traces see `mesh` as the ambient (abstract) mesh, so the Pallas kernels
+    (splash attention, ragged decode) run per shard under `shard_map`, which XLA cannot do
+    for them; elsewhere, or on one device, nothing changes."""
+    if mesh is None or mesh.size == 1 or mesh.devices.flat[0].platform != "tpu":
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        yield
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

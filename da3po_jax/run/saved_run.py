@@ -16,7 +16,7 @@ import os
 import jax
 from flax import nnx
 
-from da3po_jax.config import Settings, resolve_settings
+from da3po_jax.config import Settings, resolve_settings, with_added_fields
 from da3po_jax.models import Transformer, save_model
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel import is_main_process, make_mesh, to_host, tree_shardings
@@ -45,7 +45,7 @@ def read_run_config(workdir: str) -> Settings:
     except json.JSONDecodeError as e:
         raise ExportError(f"{path!r} is not valid JSON ({e})") from e
     try:
-        return resolve_settings(raw)
+        return resolve_settings(with_added_fields(raw))
     except (ValueError, TypeError) as e:
         raise ExportError(f"{path!r}: {e}") from e
 

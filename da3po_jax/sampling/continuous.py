@@ -134,6 +134,22 @@ def init_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh
 @functools.lru_cache(maxsize=16)
 def _slot_initializer(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None):
     """The jitted allocation of `init_slots` (cached: the same shapes compile once)."""
+    init = _empty_slots(cfg, gen, sc)
+    shardings = _slot_shardings(mesh, cfg, jax.eval_shape(init)) if mesh is not None else None
+    return jax.jit(init, out_shardings=shardings)
+
+
+def slot_shapes(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh) -> Slots:
+    """The slots `init_slots` places on `mesh`, as sharded `jax.ShapeDtypeStruct`s."""
+    like = jax.eval_shape(_empty_slots(cfg, gen, sc))
+    return jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        like,
+        _slot_shardings(mesh, cfg, like),
+    )
+
+
+def _empty_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig):
     s, n = sc.slots, gen.max_new_tokens
 
     def init():
@@ -150,8 +166,7 @@ def _slot_initializer(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mes
             sample_logp=jnp.zeros((s, n), jnp.float32),
         )
 
-    shardings = _slot_shardings(mesh, cfg, jax.eval_shape(init)) if mesh is not None else None
-    return jax.jit(init, out_shardings=shardings)
+    return init
 
 
 def _is_stop(token: jax.Array, gen: GenerateConfig) -> jax.Array:

@@ -174,29 +174,36 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
     """A zeroed cache for `prompt_tokens` [P, Tp], placed like them: under a mesh the batch
     axis is split as the prompts' is, and KV heads over `tensor` where they divide."""
-    p, tp = prompt_tokens.shape
+    init = cache_initializer(cfg, prompt_tokens.shape, config)
+    return jax.jit(init, out_shardings=cache_shardings(cfg, init, prompt_tokens))()
+
+
+def cache_initializer(cfg: ModelConfig, prompt_shape: tuple[int, int], config: GenerateConfig):
+    """The function that builds the zeroed cache of [P, Tp] prompts (P x G rows)."""
+    p, tp = prompt_shape
     rows, slots = p * config.num_samples, cache_length(tp, config.max_new_tokens)
-    init = functools.partial(KVCache.init, cfg, rows, slots)
-    shardings = None
+    return functools.partial(KVCache.init, cfg, rows, slots)
+
+
+def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
+    """The shardings of the cache `init()` builds for `prompt_tokens` (an array or a
+    `jax.ShapeDtypeStruct`): rows split as the prompts' batch axis, KV heads over `tensor`
+    where they divide; None without a `NamedSharding`."""
     sharding = getattr(prompt_tokens, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = sharding.mesh
-        batch_axes = sharding.spec[0] if len(sharding.spec) else None
-        tensor = mesh.shape.get("tensor", 1)
-        heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
-        P = jax.sharding.PartitionSpec
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return sharding
+    mesh = sharding.mesh
+    batch_axes = sharding.spec[0] if len(sharding.spec) else None
+    tensor = mesh.shape.get("tensor", 1)
+    heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
+    P = jax.sharding.PartitionSpec
 
-        def spec(a):
-            if a.ndim == 4:  # [rows, slots, kv_heads, head_dim]
-                return P(batch_axes, None, heads)
-            return P(batch_axes) if a.ndim else P()
+    def spec(a):
+        if a.ndim == 4:  # [rows, slots, kv_heads, head_dim]
+            return P(batch_axes, None, heads)
+        return P(batch_axes) if a.ndim else P()
 
-        shardings = jax.tree.map(
-            lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init)
-        )
-    elif sharding is not None:
-        shardings = sharding
-    return jax.jit(init, out_shardings=shardings)()
+    return jax.tree.map(lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init))
 
 
 def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):

@@ -83,7 +83,15 @@ class PolicyUpdate:
             self.last_lengths = lens[lens > 0]
             if self.mesh is not None:
                 plan = jax.device_put(plan, replicated(self.mesh))
-        return self.fn(
+        return self.fn(*self._arguments(state, batch, valid, prior, plan), **self._static())
+
+    def trace(self, state, batch, valid, prior, plan=None) -> jax.stages.Traced:
+        """The update traced for these arguments (`jax.ShapeDtypeStruct`s with shardings
+        will do; `plan`: a `PackPlan` of them when packed), as `__call__` calls it."""
+        return self.fn.trace(*self._arguments(state, batch, valid, prior, plan), **self._static())
+
+    def _arguments(self, state, batch, valid, prior, plan) -> tuple:
+        return (
             self.graphdef,
             self.tx,
             self.cfg,
@@ -94,9 +102,10 @@ class PolicyUpdate:
             self.ref_params,
             self.teacher_params,
             plan,
-            teacher_graphdef=self.teacher_graphdef,
-            pack_sharding=self.pack_sharding,
         )
+
+    def _static(self) -> dict[str, Any]:
+        return {"teacher_graphdef": self.teacher_graphdef, "pack_sharding": self.pack_sharding}
 
     def lr(self, state: TrainState) -> float:
         """The rate of the last optimizer update applied (the schedule counts updates)."""

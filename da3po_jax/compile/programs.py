@@ -1,0 +1,269 @@
+"""The jitted programs of an RL run, lowered for a mesh of devices that need not be here.
+
+Every program is lowered through the function the trainer itself calls, with the run's
+static settings and the shardings it places its arguments with; only the arguments are
+abstract (`jax.ShapeDtypeStruct`s carrying a `NamedSharding`), so nothing is allocated:
+
+- `update_packed`, `update_padded` (`rl.packing` on / off): `PolicyUpdate`, i.e. `rl_update`
+  with advantages, DAA, overlong shaping, the loss, the reference / teacher forwards and
+  AdamW inside;
+- `ds_round`: `Collector.add_finished`, the dynamic-sampling keep mask and buffer;
+- `sampler`, `eval_generate` (`rollout.engine=static`): `sampling.generate_with_cache`,
+  prefill and decode loop, for a rollout round and for an eval call;
+- `admit_groups`, `decode_steps` (`rollout.engine=continuous`): the continuous engine's
+  admission prefill and its K decode steps.
+
+Both update variants and both engines are built for every run; `used` marks the run's
+own, which `plan --compile` compiles unless `--programs` names others (or `all`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from da3po_jax.config import Settings
+from da3po_jax.models import Transformer
+from da3po_jax.models.attention import compiling_for
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.parallel import batch_sharding, replicated, tree_shardings
+from da3po_jax.parallel.mesh import kernel_mesh
+from da3po_jax.rl import ds_empty_buffer, init_prior_state, prior_from_state
+from da3po_jax.rollout import GroupBatch
+from da3po_jax.rollout.collector import add_finished
+from da3po_jax.run.build import collect_config, update_config
+from da3po_jax.run.inputs import generate_configs
+from da3po_jax.sampling import GenerateConfig, continuous
+from da3po_jax.sampling.sampler import (
+    cache_initializer,
+    cache_shardings,
+    generate_with_cache,
+    prompt_keys,
+)
+from da3po_jax.update import PackConfig, PackPlan, PolicyUpdate
+from da3po_jax.update.state import TrainState, make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One jitted program of the run: `trace()` traces it (lowering and compiling follow)."""
+
+    name: str
+    used: bool
+    trace: Callable[[], jax.stages.Traced]
+    resident: tuple[str, ...] = ()  # what of the run's resident state it takes as arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class Abstract:
+    """The run's resident state as sharded shapes: policy, train state, frozen models."""
+
+    graphdef: Any
+    params: Any
+    state: TrainState
+    tx: Any
+    schedule: Any
+    teacher: tuple[Any, Any] | None
+
+
+def sharded(tree: Any, shardings: Any) -> Any:
+    """`tree`'s shapes (arrays or `ShapeDtypeStruct`s) carrying `shardings`."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+def replicated_shapes(tree: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), tree
+    )
+
+
+def batch_split(tree: Any, mesh: Mesh) -> Any:
+    """Leading axis over (data, fsdp) where it divides, as `parallel.shard_batch` places."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.shape)),
+        tree,
+    )
+
+
+def abstract_model(cfg: ModelConfig, mesh: Mesh) -> tuple[Any, Any]:
+    """(graphdef, params as sharded shapes) of a model, placed by `parallel.RULES`."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    return graphdef, sharded(params, tree_shardings(params, mesh))
+
+
+def abstract_run(s: Settings, mc: ModelConfig, teacher_mc: ModelConfig | None, mesh) -> Abstract:
+    """The train state as `update.state.init_train_state` builds it, in shapes."""
+    graphdef, params = abstract_model(mc, mesh)
+    tx, schedule = make_optimizer(s.optim, s.train.steps, s.updates_per_step)
+    opt = jax.eval_shape(tx.init, params)
+    state = TrainState(
+        params=params,
+        opt_state=sharded(opt, tree_shardings(opt, mesh)),
+        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh)),
+        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh)),
+    )
+    teacher = abstract_model(teacher_mc, mesh) if teacher_mc is not None else None
+    return Abstract(graphdef, params, state, tx, schedule, teacher)
+
+
+def _update_program(s, a: Abstract, mesh, tp: int, packed: bool) -> Program:
+    cfg = update_config(s)
+    cfg = dataclasses.replace(
+        cfg, pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if packed else None
+    )
+    kl = s.loss.kl_coef > 0
+    g, tn, n = s.rollout.group_size, s.rollout.max_new_tokens, s.rl.train_prompts
+
+    def trace():
+        update = PolicyUpdate(
+            a.graphdef,
+            a.tx,
+            a.schedule,
+            cfg,
+            state_shardings=jax.tree.map(lambda x: x.sharding, a.state),
+            mesh=mesh,
+            ref_params=a.params if kl else None,
+            teacher=a.teacher if cfg.opd is not None else None,
+        )
+        batch = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(n, g, tp, tn)), mesh)
+        valid = jax.ShapeDtypeStruct((n,), jnp.bool_, sharding=batch_sharding(mesh, (n,)))
+        prior = None
+        if collect_config(s).use_prior:
+            like = jax.eval_shape(lambda: prior_from_state(init_prior_state(), g))
+            prior = replicated_shapes(like, mesh)
+        plan = None
+        if packed:
+            rows = jax.ShapeDtypeStruct((n * g,), jnp.int32)
+            plan = replicated_shapes(PackPlan(rows, rows, rows), mesh)
+        return update.trace(a.state, batch, valid, prior, plan)
+
+    teacher = ("teacher",) if cfg.opd is not None else ()
+    return Program(
+        f"update_{'packed' if packed else 'padded'}",
+        used=packed == bool(s.rl.packing),
+        trace=trace,
+        resident=("params", "optimizer") + ("reference",) * kl + teacher,
+    )
+
+
+def _ds_program(s, mesh, tp: int) -> Program:
+    g, tn = s.rollout.group_size, s.rollout.max_new_tokens
+    rule = collect_config(s).keep
+    capacity = s.rl.train_prompts
+    buffer = jax.eval_shape(lambda: ds_empty_buffer(GroupBatch.zeros(1, g, tp, tn), capacity))
+    items_n = s.round_size
+    items = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(items_n, g, tp, tn)), mesh)
+    valid = jax.ShapeDtypeStruct((items_n,), jnp.bool_, sharding=replicated(mesh))
+    fn = jax.jit(add_finished, static_argnums=(3,))
+    buf = replicated_shapes(buffer, mesh)
+    return Program("ds_round", True, lambda: fn.trace(buf, items, valid, rule))
+
+
+def _generate_program(name, a: Abstract, mc, gen: GenerateConfig, prompts: int, tp, mesh, used):
+    tokens = jax.ShapeDtypeStruct(
+        (prompts, tp), jnp.int32, sharding=batch_sharding(mesh, (prompts, tp))
+    )
+    mask = jax.ShapeDtypeStruct((prompts, tp), jnp.bool_, sharding=tokens.sharding)
+    init = cache_initializer(mc, (prompts, tp), gen)
+    cache = sharded(jax.eval_shape(init), cache_shardings(mc, init, tokens))
+    keys = replicated_shapes(jax.eval_shape(lambda: prompt_keys(jax.random.key(0), prompts)), mesh)
+
+    def trace():
+        return generate_with_cache.trace(
+            a.graphdef, a.params, cache, tokens, mask, keys, config=gen
+        )
+
+    return Program(name, used, trace, ("params",))
+
+
+def _continuous_programs(s, a: Abstract, mc, gen: GenerateConfig, tp, mesh, used) -> list[Program]:
+    r = s.rollout
+    sc = continuous.SlotConfig(r.slots, tp, r.steps_per_call, r.attention_block)
+    sc = sc.resolved(gen.num_samples)
+    slots = continuous.slot_shapes(mc, gen, sc, mesh)
+    n_a, g = sc.admit_prompts, gen.num_samples
+    rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))  # noqa: E731
+    keys = replicated_shapes(jax.eval_shape(lambda: prompt_keys(jax.random.key(0), n_a)), mesh)
+    admit = (rep((n_a, tp), jnp.int32), rep((n_a,), jnp.int32), rep((n_a, g), jnp.int32), keys)
+
+    def trace_admit():
+        return continuous.admit_groups.trace(a.graphdef, a.params, slots, *admit, gen=gen)
+
+    def trace_decode():
+        return continuous.decode_steps.trace(
+            a.graphdef, a.params, slots, gen=gen, steps=sc.steps_per_call
+        )
+
+    return [
+        Program("admit_groups", used, trace_admit, ("params",)),
+        Program("decode_steps", used, trace_decode, ("params",)),
+    ]
+
+
+def run_programs(
+    s: Settings,
+    mc: ModelConfig,
+    mesh: Mesh,
+    *,
+    prompt_len: int,
+    teacher_mc: ModelConfig | None = None,
+) -> tuple[Abstract, list[Program]]:
+    """Every jitted program of the run of settings `s` on `mesh` (see the module doc).
+
+    Args:
+      mc: the policy's model config with the run's runtime fields; `teacher_mc` the OPD
+        teacher's (None: no teacher).
+      prompt_len: the padded prompt length (the planner's: the largest bucket).
+    """
+    a = abstract_run(s, mc, teacher_mc, mesh)
+    # token ids only enter as constants: two stop ids, as the chat models have
+    ids = types.SimpleNamespace(eos_ids=(1, 2), pad_id=0)
+    gen, eval_gen = generate_configs(s, ids)
+    static = s.rollout.engine == "static"
+    programs = [
+        _update_program(s, a, mesh, prompt_len, packed=True),
+        _update_program(s, a, mesh, prompt_len, packed=False),
+        _ds_program(s, mesh, prompt_len),
+        _generate_program("sampler", a, mc, gen, s.round_size, prompt_len, mesh, static),
+        _generate_program(
+            "eval_generate", a, mc, eval_gen, s.eval.prompts_per_call, prompt_len, mesh, static
+        ),
+        *_continuous_programs(s, a, mc, gen, prompt_len, mesh, not static),
+    ]
+    return a, programs
+
+
+def select(programs: list[Program], names: Sequence[str]) -> list[Program]:
+    """The programs named; none named: the run's own (`used`); "all": every one.
+
+    Raises:
+      ValueError: naming an unknown program and listing the known ones.
+    """
+    if not names:
+        return [p for p in programs if p.used]
+    if list(names) == ["all"]:
+        return programs
+    known = [p.name for p in programs]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown programs {unknown}; known: {known} (or 'all')")
+    return [p for p in programs if p.name in names]
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str, mesh: Mesh) -> Iterator[None]:
+    """Traces choose `platform`'s kernels, and Pallas kernels run per shard of `mesh`, as
+    in the trainer (`parallel.mesh.kernel_mesh`: the abstract mesh only, so constants a
+    trace computes eagerly stay on this host's CPU)."""
+    with compiling_for(platform), kernel_mesh(mesh):
+        yield
