@@ -160,3 +160,15 @@ def test_daa_tau_may_be_one(tau):
 )
 def test_edge_values_that_mean_something_are_accepted(overrides):
     resolve_settings(_config(**overrides))
+
+
+def test_a_saved_run_from_before_a_field_existed_still_resolves():
+    """A run's config.json written before `model.decode_attention` existed gets the value
+    that reproduces it; a fresh config without the field is still refused."""
+    from da3po_jax.config import with_added_fields
+
+    raw = _config().to_dict()
+    del raw["model"]["decode_attention"]
+    with pytest.raises(ValueError, match="config.model.decode_attention is unset"):
+        resolve_settings(raw)
+    assert resolve_settings(with_added_fields(raw)).model.decode_attention == "auto"
