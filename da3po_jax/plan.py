@@ -40,7 +40,7 @@ from jax.sharding import AbstractMesh, AxisType
 from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.models.attention import resolve_impl
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.models.presets import get_preset
+from da3po_jax.models.presets import abstract_model, get_preset
 from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
 from da3po_jax.rl import ds_empty_buffer
@@ -162,12 +162,7 @@ def tree_nbytes(tree: Any, mesh: AbstractMesh) -> int:
 
 def abstract_params(model_cfg: ModelConfig) -> Any:
     """The policy's parameter `nnx.State` as shapes only (no memory allocated)."""
-    from flax import nnx
-
-    from da3po_jax.models.transformer import Transformer
-
-    abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
-    return nnx.split(abstract)[1]
+    return abstract_model(model_cfg)[1]
 
 
 def plan_settings(config: Any) -> Settings:
@@ -574,7 +569,7 @@ def compile_report(
     compiled = aot.compile_all(
         programs, topo.platform, mesh, progress, lower_only=lower_only, param_shapes=shapes
     )
-    return aot.summary(s, mc, topo, mesh, a, compiled, plan, tp)
+    return aot.summary(s, mc, topo, mesh, a, compiled, plan)
 
 
 def compile_main(

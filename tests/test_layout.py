@@ -37,18 +37,9 @@ ALLOWED = {
         "data",
         "parallel",
     },
-    "compile": {
-        "config",
-        "run",
-        "runtime",
-        "update",
-        "rollout",
-        "rl",
-        "sampling",
-        "models",
-        "parallel",
-    },
 }
+# compile/ lowers the run's programs through the trainer's own builders (run/)
+ALLOWED["compile"] = (ALLOWED["run"] - {"rewards", "data"}) | {"run"}
 COMMANDS = ("main", "eval", "export", "sample", "plan", "cli")  # thin CLIs over every layer
 
 

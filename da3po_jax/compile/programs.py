@@ -27,18 +27,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import Mesh
 
 from da3po_jax.config import Settings
-from da3po_jax.models import Transformer
+from da3po_jax.models import abstract_model
 from da3po_jax.models.attention import compiling_for
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.parallel import batch_sharding, replicated, tree_shardings
 from da3po_jax.parallel.mesh import kernel_mesh
 from da3po_jax.rl import ds_empty_buffer, init_prior_state, prior_from_state
 from da3po_jax.rollout import GroupBatch
-from da3po_jax.rollout.collector import add_finished
+from da3po_jax.rollout.collector import jitted_add_finished
 from da3po_jax.run.build import collect_config, update_config
 from da3po_jax.run.inputs import generate_configs
 from da3po_jax.sampling import GenerateConfig, continuous
@@ -64,7 +63,8 @@ class Program:
 
 @dataclasses.dataclass(frozen=True)
 class Abstract:
-    """The run's resident state as sharded shapes: policy, train state, frozen models."""
+    """The run's state as sharded shapes: policy, train state, frozen teacher (graphdef,
+    params and config), the step's batch of groups and the dynamic-sampling surplus."""
 
     graphdef: Any
     params: Any
@@ -72,6 +72,9 @@ class Abstract:
     tx: Any
     schedule: Any
     teacher: tuple[Any, Any] | None
+    teacher_cfg: ModelConfig | None
+    batch: GroupBatch  # batch-split, as the update takes it
+    surplus: Any  # DSBuffer, replicated as the collector's carry is placed
 
 
 def sharded(tree: Any, shardings: Any) -> Any:
@@ -82,28 +85,26 @@ def sharded(tree: Any, shardings: Any) -> Any:
 
 
 def replicated_shapes(tree: Any, mesh: Mesh) -> Any:
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), tree
-    )
+    return sharded(tree, jax.tree.map(lambda x: replicated(mesh), tree))
 
 
 def batch_split(tree: Any, mesh: Mesh) -> Any:
     """Leading axis over (data, fsdp) where it divides, as `parallel.shard_batch` places."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.shape)),
-        tree,
-    )
+    return sharded(tree, jax.tree.map(lambda x: batch_sharding(mesh, x.shape), tree))
 
 
-def abstract_model(cfg: ModelConfig, mesh: Mesh) -> tuple[Any, Any]:
+def sharded_model(cfg: ModelConfig, mesh: Mesh) -> tuple[Any, Any]:
     """(graphdef, params as sharded shapes) of a model, placed by `parallel.RULES`."""
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    graphdef, params = abstract_model(cfg)
     return graphdef, sharded(params, tree_shardings(params, mesh))
 
 
-def abstract_run(s: Settings, mc: ModelConfig, teacher_mc: ModelConfig | None, mesh) -> Abstract:
-    """The train state as `update.state.init_train_state` builds it, in shapes."""
-    graphdef, params = abstract_model(mc, mesh)
+def abstract_run(
+    s: Settings, mc: ModelConfig, teacher_mc: ModelConfig | None, mesh, prompt_len: int
+) -> Abstract:
+    """The train state as `update.state.init_train_state` builds it, and the step's
+    buffers as the collector does, in shapes."""
+    graphdef, params = sharded_model(mc, mesh)
     tx, schedule = make_optimizer(s.optim, s.train.steps, s.updates_per_step)
     opt = jax.eval_shape(tx.init, params)
     state = TrainState(
@@ -112,17 +113,31 @@ def abstract_run(s: Settings, mc: ModelConfig, teacher_mc: ModelConfig | None, m
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh)),
         rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh)),
     )
-    teacher = abstract_model(teacher_mc, mesh) if teacher_mc is not None else None
-    return Abstract(graphdef, params, state, tx, schedule, teacher)
+    teacher = sharded_model(teacher_mc, mesh) if teacher_mc is not None else None
+    g, tn, n = s.rollout.group_size, s.rollout.max_new_tokens, s.rl.train_prompts
+    batch = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(n, g, prompt_len, tn)), mesh)
+    like = GroupBatch.zeros(1, g, prompt_len, tn)
+    surplus = jax.eval_shape(lambda: ds_empty_buffer(like, s.surplus_capacity))
+    return Abstract(
+        graphdef,
+        params,
+        state,
+        tx,
+        schedule,
+        teacher,
+        teacher_mc,
+        batch,
+        replicated_shapes(surplus, mesh),
+    )
 
 
-def _update_program(s, a: Abstract, mesh, tp: int, packed: bool) -> Program:
+def _update_program(s, a: Abstract, mesh, packed: bool) -> Program:
     cfg = update_config(s)
     cfg = dataclasses.replace(
         cfg, pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if packed else None
     )
     kl = s.loss.kl_coef > 0
-    g, tn, n = s.rollout.group_size, s.rollout.max_new_tokens, s.rl.train_prompts
+    g, n = s.rollout.group_size, s.rl.train_prompts
 
     def trace():
         update = PolicyUpdate(
@@ -135,7 +150,6 @@ def _update_program(s, a: Abstract, mesh, tp: int, packed: bool) -> Program:
             ref_params=a.params if kl else None,
             teacher=a.teacher if cfg.opd is not None else None,
         )
-        batch = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(n, g, tp, tn)), mesh)
         valid = jax.ShapeDtypeStruct((n,), jnp.bool_, sharding=batch_sharding(mesh, (n,)))
         prior = None
         if collect_config(s).use_prior:
@@ -145,7 +159,7 @@ def _update_program(s, a: Abstract, mesh, tp: int, packed: bool) -> Program:
         if packed:
             rows = jax.ShapeDtypeStruct((n * g,), jnp.int32)
             plan = replicated_shapes(PackPlan(rows, rows, rows), mesh)
-        return update.trace(a.state, batch, valid, prior, plan)
+        return update.trace(a.state, a.batch, valid, prior, plan)
 
     teacher = ("teacher",) if cfg.opd is not None else ()
     return Program(
@@ -164,7 +178,7 @@ def _ds_program(s, mesh, tp: int) -> Program:
     items_n = s.round_size
     items = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(items_n, g, tp, tn)), mesh)
     valid = jax.ShapeDtypeStruct((items_n,), jnp.bool_, sharding=replicated(mesh))
-    fn = jax.jit(add_finished, static_argnums=(3,))
+    fn = jitted_add_finished()
     buf = replicated_shapes(buffer, mesh)
     return Program("ds_round", True, lambda: fn.trace(buf, items, valid, rule))
 
@@ -225,14 +239,14 @@ def run_programs(
         teacher's (None: no teacher).
       prompt_len: the padded prompt length (the planner's: the largest bucket).
     """
-    a = abstract_run(s, mc, teacher_mc, mesh)
+    a = abstract_run(s, mc, teacher_mc, mesh, prompt_len)
     # token ids only enter as constants: two stop ids, as the chat models have
     ids = types.SimpleNamespace(eos_ids=(1, 2), pad_id=0)
     gen, eval_gen = generate_configs(s, ids)
     static = s.rollout.engine == "static"
     programs = [
-        _update_program(s, a, mesh, prompt_len, packed=True),
-        _update_program(s, a, mesh, prompt_len, packed=False),
+        _update_program(s, a, mesh, packed=True),
+        _update_program(s, a, mesh, packed=False),
         _ds_program(s, mesh, prompt_len),
         _generate_program("sampler", a, mc, gen, s.round_size, prompt_len, mesh, static),
         _generate_program(

@@ -37,32 +37,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
-from da3po_jax.compile.programs import (
-    Abstract,
-    Program,
-    batch_split,
-    lowering_for,
-    replicated_shapes,
-)
+from da3po_jax.compile.programs import Abstract, Program, lowering_for
 from da3po_jax.compile.topology import Topology
 from da3po_jax.config import Settings
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.rl import ds_empty_buffer
-from da3po_jax.rollout import GroupBatch
-from da3po_jax.runtime import perf
+from da3po_jax.parallel.mesh import batch_size_divisor
+from da3po_jax.run.build import padded_update_flops, update_config
+from da3po_jax.update.policy_update import frozen_forwards
 
 GiB = 1024**3
-STAT_KEYS = (
-    "argument_bytes",
-    "output_bytes",
-    "temp_bytes",
-    "generated_code_bytes",
-    "alias_bytes",
-    "flops",
-    "bytes_accessed",
-    "compile_s",
-)
+_MEMORY_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
 
 
 @dataclasses.dataclass
@@ -98,18 +84,11 @@ class Compiled:
         return self.argument_bytes + outputs + self.temp_bytes + self.generated_code_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in STAT_KEYS}
-        out.update(
-            used=self.used,
-            peak_bytes=self.peak_bytes,
-            full_remats=self.full_remats,
-            all_gathers=self.all_gathers,
-            largest_all_gather_bytes=self.largest_all_gather_bytes,
-            largest_param_gather_bytes=self.largest_param_gather_bytes,
-            kernels=self.kernels,
-        )
-        if self.error:
-            out["error"] = self.error
+        """The JSON of one program: every field but the name and the resident names, the
+        peak, and `error` only when it failed."""
+        out = dataclasses.asdict(self) | {"peak_bytes": self.peak_bytes}
+        for key in ("name", "resident") + (() if self.error else ("error",)):
+            del out[key]
         return out
 
 
@@ -156,8 +135,7 @@ _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 
 
 
 def _shape_bytes(dtype: str, dims: str) -> int:
-    n = math.prod(int(d) for d in dims.split(",") if d)
-    return n * _ITEMSIZE.get(dtype, 8 if dtype.endswith("64") else 4)
+    return math.prod(_dims(dims)) * _ITEMSIZE.get(dtype, 8 if dtype.endswith("64") else 4)
 
 
 def compile_program(
@@ -179,16 +157,15 @@ def compile_program(
             traced = p.trace()
         if lower_only:
             traced.lower(lowering_platforms=(platform,))
-            out.compile_s = time.perf_counter() - t0
             return out
         lowered = traced.lower()
         with _captured_stderr() as log:
             exe = lowered.compile()
     except Exception as e:  # noqa: BLE001 - every compiler error is reported, not raised
         out.error = f"{type(e).__name__}: {e}"
-        out.compile_s = time.perf_counter() - t0
         return out
-    out.compile_s = time.perf_counter() - t0
+    finally:
+        out.compile_s = time.perf_counter() - t0
     out.full_remats = sum("nvoluntary full rematerialization" in line for line in log)
     hlo = exe.as_text()
     out.kernels = hlo.count('custom_call_target="tpu_custom_call"')
@@ -203,8 +180,6 @@ def compile_program(
     out.generated_code_bytes = int(m.generated_code_size_in_bytes)
     out.alias_bytes = int(m.alias_size_in_bytes)
     cost = exe.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per computation
-        cost = cost[0] if cost else {}
     out.flops = float(cost.get("flops", 0.0))
     out.bytes_accessed = float(cost.get("bytes accessed", 0.0))
     return out
@@ -252,50 +227,35 @@ def device_bytes(tree: Any) -> int:
     return total
 
 
-def resident_bytes(s: Settings, a: Abstract, mesh, prompt_len: int) -> dict[str, int]:
+def resident_bytes(s: Settings, a: Abstract) -> dict[str, int]:
     """Per-device bytes of the state alive across the whole step, by name (what
     `Program.resident` names): the params, the optimizer state, the reference and teacher
-    copies, the step's batch (batch-split, as the update takes it) and the
-    dynamic-sampling surplus (replicated, as the collector's carry is placed)."""
-    g, tn = s.rollout.group_size, s.rollout.max_new_tokens
+    copies, the step's batch and the dynamic-sampling surplus."""
     params = device_bytes(a.params)
-    batch = batch_split(
-        jax.eval_shape(lambda: GroupBatch.zeros(s.rl.train_prompts, g, prompt_len, tn)), mesh
-    )
-    surplus = jax.eval_shape(
-        lambda: ds_empty_buffer(GroupBatch.zeros(1, g, prompt_len, tn), s.surplus_capacity)
-    )
     return {
         "params": params,
         "optimizer": device_bytes(a.state.opt_state),
         "reference": params if s.loss.kl_coef > 0 else 0,
         "teacher": device_bytes(a.teacher[1]) if a.teacher is not None else 0,
-        "batch": device_bytes(batch),
-        "surplus": device_bytes(replicated_shapes(surplus, mesh)),
+        "batch": device_bytes(a.batch),
+        "surplus": device_bytes(a.surplus),
     }
 
 
-def roofline(s: Settings, mc: ModelConfig, topo: Topology, mesh) -> dict[str, float]:
+def roofline(s: Settings, a: Abstract, mc: ModelConfig, topo: Topology, mesh) -> dict[str, float]:
     """A lower bound on one step's seconds (see the module docstring)."""
     chip = topo.chip
-    rows = s.rl.train_prompts * s.rollout.group_size
     seq = max(s.rollout.prompt_buckets) + s.rollout.max_new_tokens
-    flops = perf.update_flops(
-        mc,
-        rows,
-        seq,
-        num_iterations=s.rl.num_iterations,
-        extra_forwards=int(s.rollout.logp_old == "recompute") + int(s.loss.kl_coef > 0),
-    )
+    forwards = frozen_forwards(update_config(s), reference=s.loss.kl_coef > 0)
+    flops = padded_update_flops(s, mc, a.teacher_cfg, seq, forwards)
     update_s = flops / topo.chips / (chip.peak_tflops * 1e12)
-    tensor = mesh.shape["tensor"]
-    weights = mc.num_params() * (2 if mc.dtype in ("bfloat16", "float16") else 4) / tensor
-    batch_devs = mesh.shape["data"] * mesh.shape["fsdp"]
+    tensor, cbytes = mesh.shape["tensor"], jnp.dtype(mc.dtype).itemsize
+    weights = mc.num_params() * cbytes / tensor
     rounds = max(1, math.ceil(s.rl.train_prompts / max(s.round_size, 1)))
-    kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (weights / mc.num_params())
-    rows_dev = max(1, s.round_size * s.rollout.group_size // batch_devs)
+    kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * cbytes / tensor
+    rows_dev = max(1, s.round_size * s.rollout.group_size // batch_size_divisor(mesh))
     ctx = max(s.rollout.prompt_buckets) + s.rollout.max_new_tokens / 2  # mean context
-    step_bytes = weights + rows_dev * ctx * kv_per_token / tensor
+    step_bytes = weights + rows_dev * ctx * kv_per_token
     decode_s = rounds * s.rollout.max_new_tokens * step_bytes / (chip.hbm_gbs * 1e9)
     return {
         "update_s": update_s,
@@ -377,11 +337,10 @@ def summary(
     a: Abstract,
     compiled: list[Compiled],
     plan: Any,
-    prompt_len: int,
 ) -> dict[str, Any]:
     """The command's JSON: per-program stats, the compiled and planned peaks side by side,
     the chip's HBM, `fits` and the roofline."""
-    resident = resident_bytes(s, a, mesh, prompt_len)
+    resident = resident_bytes(s, a)
     peak, by = run_peak(compiled, resident)
     planned = plan.peak
     lowered_only = topo.platform != "tpu"  # nothing compiled, nothing measured
@@ -407,7 +366,7 @@ def summary(
         "fits": None
         if lowered_only
         else bool(peak) and peak <= device and not any(not c.ok for c in compiled if c.used),
-        "roofline": roofline(s, mc, topo, mesh) | {"label": "lower bound"},
+        "roofline": roofline(s, a, mc, topo, mesh) | {"label": "lower bound"},
         "checks": checks,
     }
 
@@ -425,7 +384,7 @@ def table(report: dict[str, Any]) -> str:
         if not report["compiled"]:
             lines.append(f"{name:<16}{used:>5}{p['compile_s']:>10.1f}  lowered")
             continue
-        gib = [p[k] / GiB for k in STAT_KEYS[:5]]
+        gib = [p[k] / GiB for k in (*_MEMORY_KEYS, "alias_bytes")]
         lines.append(
             f"{name:<16}{used:>5}{p['compile_s']:>10.1f}{gib[0]:>9.2f}{gib[1]:>9.2f}"
             f"{gib[2]:>9.2f}{gib[3]:>8.3f}{gib[4]:>9.2f}{p['flops'] / 1e9:>10.1f}"

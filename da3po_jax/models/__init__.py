@@ -2,7 +2,7 @@
 
 from da3po_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from da3po_jax.models.hf_io import load_model, param_table, save_model
-from da3po_jax.models.presets import PRESETS, get_preset, init_model
+from da3po_jax.models.presets import PRESETS, abstract_model, get_preset, init_model
 from da3po_jax.models.transformer import KVCache, SlotCache, Transformer, positions_from_mask
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "RopeScaling",
     "SUPPORTED_MODEL_TYPES",
     "Transformer",
+    "abstract_model",
     "get_preset",
     "init_model",
     "load_model",

@@ -355,7 +355,8 @@ def attention_splash(q, k, v, segment_ids, *, block_q: int = 512, block_k: int =
     Splash wants head-major [B, heads, T, D], blocks that are multiples of 128 and divide
     T, and no padding query row without keys: T is padded (segment 0, whose causal rows
     always see themselves), queries are pre-scaled and padding queries are zeroed after.
-    Under a mesh (`jax.set_mesh`) the kernel runs per shard (`_per_shard`). Shapes as in
+    Under a mesh (`parallel.mesh.kernel_mesh`) the kernel runs per shard (`per_shard`).
+    Shapes as in
     `attention_naive`.
     """
     b, t, kv, g, d = q.shape
@@ -374,41 +375,35 @@ def attention_splash(q, k, v, segment_ids, *, block_q: int = 512, block_k: int =
         kernel = _splash_kernel(qh.shape[1], tp, bq, bk, interpret)
         return jax.vmap(kernel)(qh, kh, vh, sa.SegmentIds(q=seg, kv=seg))
 
-    out = _per_shard(run, qh, kh, vh, seg)
+    def specs(rows, heads):
+        qkv = PartitionSpec(rows, heads)
+        return (qkv, qkv, qkv, PartitionSpec(rows)), qkv
+
+    out = per_shard(run, (qh, kh, vh, seg), specs, b, kv)
     out = out[:, :, :t].transpose(0, 2, 1, 3).reshape(b, t, kv, g, v.shape[-1])
     return jnp.where((segment_ids != 0)[:, :, None, None, None], out, 0).astype(v.dtype)
 
 
-def _per_shard(fn, qh, kh, vh, seg):
-    """`fn(qh, kh, vh, seg)` under `shard_map` over the ambient mesh: a Pallas kernel is
-    not partitioned by XLA, so each device runs it on its own rows (split over the batch
-    axes `data`, `fsdp` when they divide B) and its own heads (split over `tensor` when it
-    divides the KV heads; query heads h = kv * groups + g stay with their KV head). With
+def per_shard(fn, args: tuple, specs, batch_size: int, kv_heads: int):
+    """`fn(*args)` under `shard_map` over the ambient mesh: a Pallas kernel is not
+    partitioned by XLA, so each device runs it on its own rows (split over the batch axes
+    `data`, `fsdp` when they divide `batch_size`) and its own heads (split over `tensor`
+    when it divides `kv_heads`; query heads h = kv * groups + g stay with their KV head).
+    `specs(rows, heads)` gives (in_specs, out_specs) from those axes (None: whole). With
     no mesh set, or one device, `fn` runs as it is."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return fn(qh, kh, vh, seg)
-    batch, heads = kernel_axes(mesh, qh.shape[0], kh.shape[1])
-    rows = PartitionSpec(batch, heads)
-    return jax.shard_map(
-        fn,
-        mesh=mesh,
-        in_specs=(rows, rows, rows, PartitionSpec(batch)),
-        out_specs=rows,
-        check_vma=False,
-    )(qh, kh, vh, seg)
-
-
-def kernel_axes(mesh, batch_size: int, kv_heads: int) -> tuple[tuple[str, ...] | None, str | None]:
-    """(batch axes, head axis) a Pallas kernel's inputs are split over under `mesh`: rows
-    over `data` x `fsdp` when they divide `batch_size`, KV heads over `tensor` when it
-    divides them; None where they stay whole."""
+        return fn(*args)
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     batch = tuple(a for a in ("data", "fsdp") if sizes.get(a, 1) > 1)
     if batch_size % math.prod(sizes[a] for a in batch):
         batch = ()
     tensor = sizes.get("tensor", 1)
-    return batch or None, "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
+    heads = "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
+    in_specs, out_specs = specs(batch or None, heads)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+        *args
+    )
 
 
 IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {

@@ -55,7 +55,7 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, b
             scores = jnp.where(pos < n, scores, _NEG_INF)
             m_prev = m_ref[h][:, :1]  # [G, 1]
             m_new = jnp.maximum(m_prev, jnp.max(scores, axis=-1, keepdims=True))
-            p = jnp.where(pos < n, jnp.exp(scores - m_new), 0.0)
+            p = jnp.exp(scores - m_new)  # 0 where masked: m_new is finite on a live page
             corr = jnp.exp(m_prev - m_new)
             v = v_ref[:, h, :].astype(jnp.float32)  # [block, D]
             live = page * block + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0) < n
@@ -118,7 +118,7 @@ def ragged_decode_attention(q, k, v, lengths, block: int, *, interpret: bool | N
     Returns:
       [S, kv_heads, groups, D] float32.
     """
-    from da3po_jax.models.attention import kernel_axes, target_platform
+    from da3po_jax.models.attention import per_shard, target_platform
 
     if k.shape[1] % block or block % 8:
         raise ValueError(
@@ -127,19 +127,9 @@ def ragged_decode_attention(q, k, v, lengths, block: int, *, interpret: bool | N
     if interpret is None:
         interpret = target_platform() != "tpu"
     run = functools.partial(_ragged, block=block, interpret=interpret)
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return run(q, k, v, lengths)
-    rows, heads = kernel_axes(mesh, q.shape[0], q.shape[1])
-    return jax.shard_map(
-        run,
-        mesh=mesh,
-        in_specs=(
-            PartitionSpec(rows, heads),
-            PartitionSpec(rows, None, heads),
-            PartitionSpec(rows, None, heads),
-            PartitionSpec(rows),
-        ),
-        out_specs=PartitionSpec(rows, heads),
-        check_vma=False,
-    )(q, k, v, lengths)
+
+    def specs(rows, heads):
+        kv = PartitionSpec(rows, None, heads)
+        return (PartitionSpec(rows, heads), kv, kv, PartitionSpec(rows)), PartitionSpec(rows, heads)
+
+    return per_shard(run, (q, k, v, lengths), specs, q.shape[0], q.shape[1])

@@ -255,8 +255,7 @@ def load_model(
     tensors = _open_checkpoint(path)
     _check_names(table, tensors, cfg, path)
 
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     flat = dict(nnx.to_flat_state(state))
     stacks: dict[Path, np.ndarray] = {}  # stacked parameters, filled layer by layer
     for n, entry in enumerate(table):

@@ -142,7 +142,7 @@ def init_model(
     """
     if sharding is None:
         return Transformer(cfg, rngs=nnx.Rngs(seed))
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
+    graphdef, abstract = abstract_model(cfg, seed)
 
     def leaf_sharding(path, var):
         value = var.get_value()
@@ -156,3 +156,9 @@ def init_model(
         return jax.lax.with_sharding_constraint(state, out_shardings)
 
     return nnx.merge(graphdef, make())
+
+
+def abstract_model(cfg: ModelConfig, seed: int = 0) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, parameters as `jax.ShapeDtypeStruct`s) of a model of `cfg`: its shapes
+    from the real constructor (`nnx.eval_shape`), nothing allocated."""
+    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))

@@ -58,9 +58,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence | None = None
     devices = list(devices) if devices is not None else jax.devices()
     resolved = resolve_mesh_shape(shape, len(devices))
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
-    if devices == jax.devices():
-        return jax.make_mesh(resolved, AXES, axis_types=auto)
-    if devices[0].platform == "tpu":  # e.g. a topology's devices, compiled for from a CPU host
+    if devices == jax.devices() or devices[0].platform == "tpu":  # TPU: ICI-aware order
         return jax.make_mesh(resolved, AXES, axis_types=auto, devices=devices)
     return Mesh(np.asarray(devices).reshape(resolved), AXES, axis_types=auto)
 

@@ -140,6 +140,12 @@ def add_finished(buffer: DSBuffer, items: GroupBatch, valid: jax.Array, rule: Ke
     return buffer, surplus, keep, mu
 
 
+def jitted_add_finished():
+    """`add_finished` jitted as the collector runs it (the keep rule static); one per
+    collector, so its compile count is the collector's."""
+    return jax.jit(add_finished, static_argnums=(3,))
+
+
 class Collector:
     """Fills one training batch per step from a rollout engine (see the module docstring).
 
@@ -159,7 +165,7 @@ class Collector:
     ):
         self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
         self.progress: Callable[[str], None] | None = None  # e.g. a progress bar's postfix
-        self.add_finished = jax.jit(add_finished, static_argnums=(3,))
+        self.add_finished = jitted_add_finished()
         self._seed_buffer = jax.jit(ds_add_round)
         self._take = jax.jit(ds_take, static_argnums=(1,))
         self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))

@@ -205,18 +205,10 @@ def step_perf(
     counts.watch("sampler", generate_with_cache)
     for name in ("admit_groups", "decode_steps"):
         counts.watch(name, count=lambda name=name: continuous.trace_counts().get(name, 0))
-    rows = s.rl.train_prompts * s.rollout.group_size
     seq = engine.prompt_len + engine.max_new_tokens
-    teacher_flops = perf.forward_flops(teacher.cfg, rows, seq) if teacher is not None else 0.0
+    teacher_cfg = teacher.cfg if teacher is not None else None
+    flops = padded_update_flops(s, model.cfg, teacher_cfg, seq, update.forwards())
     iterations = s.rl.num_iterations
-    flops = perf.update_flops(
-        model.cfg,
-        rows,
-        seq,
-        num_iterations=iterations,
-        extra_forwards=update.forwards(),
-        extra_flops=teacher_flops,
-    )
     devices = mesh.size if mesh is not None else 1
     if update.cfg.pack is not None:
         padded = flops
@@ -230,3 +222,21 @@ def step_perf(
             return (iterations * 3 + update.forwards()) * fwd + t
 
     return StepPerf(counts, flops, lambda: perf.peak_flops(s.model.dtype), devices)
+
+
+def padded_update_flops(
+    s: Settings, model_cfg, teacher_cfg, seq: int, extra_forwards: int
+) -> float:
+    """Model FLOPs of one step's update over every row of the padded batch at `seq`
+    tokens: the training passes, `extra_forwards` frozen forwards of the policy's
+    architecture (`PolicyUpdate.forwards`) and the teacher's forward (None: no teacher)."""
+    rows = s.rl.train_prompts * s.rollout.group_size
+    teacher = perf.forward_flops(teacher_cfg, rows, seq) if teacher_cfg is not None else 0.0
+    return perf.update_flops(
+        model_cfg,
+        rows,
+        seq,
+        num_iterations=s.rl.num_iterations,
+        extra_forwards=extra_forwards,
+        extra_flops=teacher,
+    )

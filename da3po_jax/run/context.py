@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from da3po_jax.config import Settings
 from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel.mesh import kernel_mesh
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rollout import PromptEncoder
 from da3po_jax.run.inputs import Datasets, prompt_renderer, scorer_kwargs
@@ -44,12 +45,14 @@ def open_context(
     mesh: Mesh | None = None,
 ) -> Iterator[RunContext]:
     """The run's context: prompts rendered with the run's template and tokenised into its
-    buckets, and the reward worker pool (closed on exit)."""
+    buckets, and the reward worker pool (closed on exit). Inside it, on TPU, traces see the
+    mesh, so the Pallas kernels run per shard (`parallel.mesh.kernel_mesh`)."""
     encoder = PromptEncoder(
         tokenizer, prompt_renderer(settings, tokenizer), settings.rollout.buckets
     )
     scorer = RewardScorer(**scorer_kwargs(settings.reward))
     try:
-        yield RunContext(settings, workdir, tokenizer, encoder, data, scorer, mesh)
+        with kernel_mesh(mesh):
+            yield RunContext(settings, workdir, tokenizer, encoder, data, scorer, mesh)
     finally:
         scorer.close()

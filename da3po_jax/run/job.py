@@ -22,7 +22,6 @@ from flax import nnx
 
 from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.parallel import is_main_process, make_mesh
-from da3po_jax.parallel.mesh import kernel_mesh
 from da3po_jax.run.build import build_trainer, eval_engine, heldout_problems
 from da3po_jax.run.context import RunContext, open_context
 from da3po_jax.run.evaluation import evaluate
@@ -81,11 +80,7 @@ def train(config, workdir: str) -> dict[str, Any]:
         resuming = s.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
         if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
             accept()  # else once the checkpoint is restored: a damaged one may still refuse
-        with (
-            open_context(s, workdir, tokenizer, data, mesh) as ctx,
-            stop_on_signals() as stop,
-            kernel_mesh(mesh),
-        ):
+        with open_context(s, workdir, tokenizer, data, mesh) as ctx, stop_on_signals() as stop:
             ctx = ctx.replace(stop=stop)
             if s.stage == "sft":
                 return _sft_stage(ctx)

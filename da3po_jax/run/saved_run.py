@@ -17,7 +17,7 @@ import jax
 from flax import nnx
 
 from da3po_jax.config import Settings, resolve_settings, with_added_fields
-from da3po_jax.models import Transformer, save_model
+from da3po_jax.models import abstract_model, save_model
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel import is_main_process, make_mesh, to_host, tree_shardings
 from da3po_jax.run.inputs import policy_config, tokenizer_dir
@@ -96,7 +96,7 @@ def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype
     try:
         step = pick_step(checkpointer.all_steps(), step, directory)
         log.info("restoring the policy of step %d from %s", step, directory)
-        graphdef, abstract = _abstract_policy(model_cfg)
+        graphdef, abstract = abstract_model(model_cfg)
         shardings = tree_shardings(abstract, mesh)
         abstract = jax.tree.map(
             lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
@@ -108,16 +108,11 @@ def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype
     finally:
         checkpointer.close()
     if dtype:
-        graphdef, target = _abstract_policy(
+        graphdef, target = abstract_model(
             dataclasses.replace(model_cfg, param_dtype=dtype, dtype=dtype)
         )
         params = jax.tree.map(lambda x, t: x.astype(t.dtype), params, target)
     return step, nnx.merge(graphdef, params)
-
-
-def _abstract_policy(model_cfg):
-    """(graphdef, abstract params) of a policy of `model_cfg`, nothing allocated."""
-    return nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
 
 
 def export_policy(model, out_dir: str, tokenizer_dir: str, *, overwrite: bool = True) -> None:

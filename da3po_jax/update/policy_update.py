@@ -115,4 +115,10 @@ class PolicyUpdate:
         """Forward passes of the policy's architecture per row besides the training passes
         (the recomputed old log-probs, the reference): for the FLOP count. The teacher's
         forward is counted with its own architecture."""
-        return int(self.cfg.recompute_logp_old) + int(self.ref_params is not None)
+        return frozen_forwards(self.cfg, self.ref_params is not None)
+
+
+def frozen_forwards(cfg: UpdateConfig, reference: bool) -> int:
+    """Forwards of the policy's architecture per row besides the training passes: the
+    recomputed old log-probs and the reference's (`reference`: a KL term)."""
+    return int(cfg.recompute_logp_old) + int(reference)
