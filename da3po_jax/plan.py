@@ -46,6 +46,7 @@ from da3po_jax.parallel.rules import spec_for
 from da3po_jax.rl import ds_empty_buffer
 from da3po_jax.rollout import GroupBatch
 from da3po_jax.run.inputs import preset_vocab
+from da3po_jax.sampling.sampler import cache_length
 from da3po_jax.update.state import make_optimizer
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ def _cache_bytes(r: _Run, prompts: int, samples: int, new_tokens: int) -> tuple[
     `samples` rows."""
     mc, cb, tp = r.mc, r.cbytes, r.tp
     rows_dev = _div(prompts, r.batch_devs) * samples
-    slots = tp + new_tokens - 1
+    slots = cache_length(tp, new_tokens)
     kv = 2 * mc.num_layers * rows_dev * slots * r.kv_dev * mc.head_dim * cb + rows_dev * slots
     p_dev = _div(prompts, r.batch_devs)
     small = 2 * mc.num_layers * p_dev * tp * r.kv_dev * mc.head_dim * cb

@@ -33,10 +33,11 @@ class KVCache:
     """Preallocated keys/values of every layer for a fixed batch and length.
 
     One array per layer (not one stacked array) so that a donated cache is updated in
-    place by `dynamic_update_slice` without copying the other layers.
+    place by `dynamic_update_slice` without copying the other layers. Heads before slots:
+    the decode attention's layout on TPU (else XLA copies the whole cache into it).
 
     Attributes:
-      k: per-layer keys, a tuple of [batch, max_len, kv_heads, head_dim] (compute dtype).
+      k: per-layer keys, a tuple of [batch, kv_heads, max_len, head_dim] (compute dtype).
       v: per-layer values, same shapes as `k`.
       mask: [batch, max_len] bool, True where a slot holds a real (non-pad) token.
       index: [] int32, the next slot to write.
@@ -49,7 +50,7 @@ class KVCache:
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         return cls(
             k=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
             v=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
@@ -120,8 +121,7 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """Rotates `x` [B, T, heads, D] by `positions` [B, T] (half-split layout, as HF)."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -205,7 +205,7 @@ class Attention(nnx.Module):
             sequence per row has ids = mask; a packed row has 1, 2, ... (see
             models/attention.py).
           cached: None (no cache), or `(k, v, q_slots, k_slots, key_mask)` of a KV cache:
-            this step's keys are written into k, v [B, S, kv_heads, D] at `q_slots[0]`
+            this step's keys are written into k, v [B, kv_heads, S, D] at `q_slots[0]`
             and the queries attend over the cache's `key_mask` [B, S] keys in slots
             `k_slots` [S] at or before theirs. A cache exactly T long (a prefill) is
             filled from slot 0 and attends like the cache-less call.
@@ -218,14 +218,14 @@ class Attention(nnx.Module):
         b, t = x.shape[:2]
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
-        if cached is not None and cached[0].shape[1] > t:  # decode into a longer cache
+        if cached is not None and cached[0].shape[2] > t:  # decode into a longer cache
             out, layer_cache = _cached_attention(q, k, v, *cached)
         else:
             block = cfg.attention_block
             out = attention(q, k, v, segment_ids, impl=cfg.attention, block_q=block, block_k=block)
             layer_cache = None
             if cached is not None:  # a prefill fills the whole cache
-                layer_cache = (k.astype(cached[0].dtype), v.astype(cached[1].dtype))
+                layer_cache = (_heads_first(k, cached[0]), _heads_first(v, cached[1]))
         return self._output(out.reshape(b, t, cfg.num_heads, -1)), layer_cache
 
     def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
@@ -257,20 +257,24 @@ class Attention(nnx.Module):
         return self._output(out), (kc, vc)
 
 
+def _heads_first(x: jax.Array, like: jax.Array) -> jax.Array:  # [B, T, Hk, D] -> [B, Hk, T, D]
+    return jnp.swapaxes(x, 1, 2).astype(like.dtype)
+
+
 def _cached_attention(q, k, v, k_cache, v_cache, q_slots, k_slots, key_mask):
-    """Queries q [B, T, kv_heads, groups, D] over a KV cache [B, S, kv_heads, D] after
+    """Queries q [B, T, kv_heads, groups, D] over a KV cache [B, kv_heads, S, D] after
     writing this step's k, v [B, T, kv_heads, D] at slot `q_slots[0]`; a query sees the
     `key_mask` keys at or before its slot. Returns (out [B, T, kv_heads, groups, D],
     (k_cache, v_cache))."""
-    start = (0, q_slots[0], 0, 0)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32)
+    start = (0, 0, q_slots[0], 0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, _heads_first(k, k_cache), start)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, _heads_first(v, v_cache), start)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k_cache, preferred_element_type=jnp.float32)
     scores = scores / math.sqrt(q.shape[-1])
     allowed = (k_slots[None, :] <= q_slots[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
     scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v_cache), (k_cache, v_cache)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v_cache), (k_cache, v_cache)
 
 
 def decode_attention(q, k, v, lengths, block: int) -> jax.Array:
@@ -360,17 +364,13 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, rngs)
 
     def __call__(self, x, positions, inv_freq, segment_ids, cached):
-        attn_out, layer_cache = self.attn(
-            self.input_norm(x), positions, inv_freq, segment_ids, cached
-        )
-        return self._rest(x, attn_out), layer_cache
+        out, layer_cache = self.attn(self.input_norm(x), positions, inv_freq, segment_ids, cached)
+        return self._rest(x, out), layer_cache
 
-    def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
+    def decode(self, x, positions, inv_freq, layer_cache, *slots):
         """`Attention.decode` in the layer (slots, one token each)."""
-        attn_out, layer_cache = self.attn.decode(
-            self.input_norm(x), positions, inv_freq, layer_cache, write, lengths, block
-        )
-        return self._rest(x, attn_out), layer_cache
+        out, kv = self.attn.decode(self.input_norm(x), positions, inv_freq, layer_cache, *slots)
+        return self._rest(x, out), kv
 
     def _rest(self, x, attn_out):
         x = x + attn_out

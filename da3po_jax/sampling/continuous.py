@@ -204,6 +204,7 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
         return big.at[rows].set(new.astype(big.dtype), mode="drop")
 
     def put_kv(big, new):  # [S, L, ...] columns [0, Tb) <- each prompt's keys, G times
+        new = jnp.swapaxes(new, 1, 2)  # the prefill's [A, kv_heads, Tb, D] as [A, Tb, kv_heads, D]
         return big.at[rows, :tb].set(jnp.repeat(new, g, axis=0).astype(big.dtype), mode="drop")
 
     n = gen.max_new_tokens

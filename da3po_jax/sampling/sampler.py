@@ -5,8 +5,8 @@
 1. Prefill: the P left-padded prompts [P, Tp] run once through the model, writing their
    keys/values into a small [P, Tp] cache; only the last position's logits are computed.
 2. Share: each prompt's keys/values are copied into rows p*G .. p*G+G-1 of the big
-   [P*G, Tp + N - 1] cache, which the caller donates, so its buffer is reused across calls
-   and updated in place (no copy per step).
+   [P*G, Tp + N - 1] cache (rounded up: `cache_length`), which the caller donates, so its
+   buffer is reused across calls and updated in place (no copy per step).
 3. Decode: a `lax.while_loop` feeds the last sampled token of every row (one T=1 forward),
    samples the next one, and stops as soon as every row has emitted a stop id or after
    max_new_tokens tokens.
@@ -166,9 +166,16 @@ def token_keys(keys: jax.Array, step: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, step)
 
 
+CACHE_MULTIPLE = 128
+
+
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
-    """KV slots a call needs: the prompt plus every response token but the last."""
-    return prompt_len + max_new_tokens - 1
+    """KV slots a call needs, the prompt plus every response token but the last, rounded up
+    to a multiple of `CACHE_MULTIPLE`: TPU's default layout of a cache whose length is not
+    a multiple of its tile puts the KV heads minor instead, and the decode step then copies
+    the whole donated cache into the layout it reads (the spare slots are never attended)."""
+    need = prompt_len + max_new_tokens - 1
+    return -(-need // CACHE_MULTIPLE) * CACHE_MULTIPLE
 
 
 def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
@@ -199,8 +206,8 @@ def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
     P = jax.sharding.PartitionSpec
 
     def spec(a):
-        if a.ndim == 4:  # [rows, slots, kv_heads, head_dim]
-            return P(batch_axes, None, heads)
+        if a.ndim == 4:  # [rows, kv_heads, slots, head_dim]
+            return P(batch_axes, heads)
         return P(batch_axes) if a.ndim else P()
 
     return jax.tree.map(lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init))

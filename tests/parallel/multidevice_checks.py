@@ -163,14 +163,15 @@ def test_parameters_and_moments_follow_the_rules():
 
 
 def test_kv_cache_split_over_batch_and_kv_heads():
-    from da3po_jax.sampling.sampler import new_cache
+    from da3po_jax.sampling.sampler import cache_length, new_cache
 
     mesh = make_mesh((4, 1, 2))
     ptok, _ = _prompts(np.random.default_rng(0))
     gen = GenerateConfig(num_samples=2, max_new_tokens=4, temperature=0.0, stop_ids=(1,), pad_id=0)
     cache = new_cache(CFG, shard_batch(ptok, mesh), gen)
-    assert tuple(cache.k[0].sharding.spec) == (("data", "fsdp"), None, "tensor")
-    assert {s.data.shape for s in cache.k[0].addressable_shards} == {(4, TP + 3, 1, 16)}
+    assert tuple(cache.k[0].sharding.spec) == (("data", "fsdp"), "tensor")
+    slots = cache_length(TP, 4)  # TP + 3, rounded up
+    assert {s.data.shape for s in cache.k[0].addressable_shards} == {(4, 1, slots, 16)}
 
 
 def test_loading_safetensors_places_only_shards(tmp_path):
