@@ -40,6 +40,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from da3po_jax.models.sharding import batch_axes
+
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
 _F32 = jnp.float32
 _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
@@ -395,9 +397,7 @@ def per_shard(fn, args: tuple, specs, batch_size: int, kv_heads: int):
     if mesh.empty or mesh.size == 1:
         return fn(*args)
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    batch = tuple(a for a in ("data", "fsdp") if sizes.get(a, 1) > 1)
-    if batch_size % math.prod(sizes[a] for a in batch):
-        batch = ()
+    batch = batch_axes(sizes, batch_size)
     tensor = sizes.get("tensor", 1)
     heads = "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
     in_specs, out_specs = specs(batch or None, heads)

@@ -24,6 +24,7 @@ from flax import nnx, struct
 
 from da3po_jax.models.attention import attention, target_platform
 from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.sharding import constrain
 
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
 
@@ -176,7 +177,7 @@ class Attention(nnx.Module):
         y = jnp.einsum("bth,hnd->btnd", x, getattr(self, name)[...].astype(dt))
         if self.cfg.attention_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
-        return y
+        return constrain(y)
 
     def _qkv(self, x, positions, inv_freq):
         """Projected, normed and rotated q [B, T, heads, D] and k, v [B, T, kv_heads, D]."""
@@ -191,7 +192,7 @@ class Attention(nnx.Module):
         out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(cfg.jnp_dtype))
         if cfg.o_bias:
             out = out + self.o_bias[...].astype(cfg.jnp_dtype)
-        return out
+        return constrain(out)
 
     def __call__(self, x, positions, inv_freq, segment_ids, cached):
         """Attention for one layer.
@@ -353,7 +354,7 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
         hidden = jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt))
-        return hidden @ self.down[...].astype(dt)
+        return constrain(constrain(hidden) @ self.down[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
@@ -451,7 +452,7 @@ class Transformer(nnx.Module):
         mask = mask.astype(jnp.bool_)
         if segment_ids is None:
             segment_ids = mask.astype(jnp.int32)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype))
         inv_freq = rope_inv_freq(cfg)
         if cache is not None:
             q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
@@ -511,7 +512,7 @@ class Transformer(nnx.Module):
         `positions` [S], their keys/values written at column `write` [S] of each slot
         (>= L: not written), each slot attending to its first `lengths` [S] keys."""
         cfg = self.cfg
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)[:, None]
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype))[:, None]
         inv_freq = rope_inv_freq(cfg)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layer_list()):
@@ -536,7 +537,7 @@ class Transformer(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """float32 logits of hidden states h [..., hidden]."""
-        return jnp.dot(h, self._unembed(), preferred_element_type=jnp.float32)
+        return constrain(jnp.dot(h, self._unembed(), preferred_element_type=jnp.float32))
 
     def __call__(self, tokens, positions, mask, cache=None):
         """(float32 logits [B, T, vocab], cache)."""
@@ -586,7 +587,7 @@ def chunked_logprobs(
 
     @jax.checkpoint
     def block(hc, tc):
-        logits = jnp.dot(hc, w, preferred_element_type=jnp.float32) / temperature
+        logits = constrain(jnp.dot(hc, w, preferred_element_type=jnp.float32)) / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
         probs = jnp.exp(logits - lse[..., None])

@@ -65,10 +65,11 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence | None = None
 
 @contextlib.contextmanager
 def kernel_mesh(mesh: Mesh | None) -> Iterator[None]:
-    """On TPU, traces see `mesh` as the ambient (abstract) mesh, so the Pallas kernels
-    (splash attention, ragged decode) run per shard under `shard_map`, which XLA cannot do
-    for them; elsewhere, or on one device, nothing changes."""
-    if mesh is None or mesh.size == 1 or mesh.devices.flat[0].platform != "tpu":
+    """On accelerators, traces see `mesh` as the ambient (abstract) mesh: the Pallas
+    kernels (splash attention, ragged decode) run per shard under `shard_map`, which XLA
+    cannot do for them, and the model pins its activations' rows to the batch axes
+    (`models.sharding`); on the CPU, or on one device, nothing changes."""
+    if mesh is None or mesh.size == 1 or mesh.devices.flat[0].platform == "cpu":
         yield
         return
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

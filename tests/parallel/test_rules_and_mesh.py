@@ -74,3 +74,34 @@ def test_axes_that_do_not_divide_are_dropped():
 def test_size_one_axes_are_left_out():
     assert spec_for("layers/0/mlp/gate", (64, 128), mesh(8, 1, 1)) == P()
     assert spec_for("layers/0/mlp/gate", (64, 128), mesh(1, 8, 1)) == P("fsdp")
+
+
+def _constraint(x, mesh=None):
+    """The sharding `constrain` puts on `x` under `mesh` (None: no constraint traced)."""
+    import jax
+
+    from da3po_jax.models.sharding import constrain
+
+    if mesh is None:
+        eqns = jax.make_jaxpr(constrain)(x).eqns
+    else:
+        with jax.sharding.use_abstract_mesh(mesh):
+            eqns = jax.make_jaxpr(constrain)(x).eqns
+    assert len(eqns) <= 1
+    return eqns[0].params["sharding"].spec if eqns else None
+
+
+def test_activation_rows_are_pinned_to_the_batch_axes():
+    import jax.numpy as jnp
+
+    from da3po_jax.models.sharding import batch_axes
+
+    mesh = AbstractMesh((2, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3)
+    free = P.UNCONSTRAINED
+    assert _constraint(jnp.zeros((8, 3, 5)), mesh) == P(("data", "fsdp"), free, free)
+    assert _constraint(jnp.zeros((6, 3)), mesh) == P(free, free)  # 4 does not divide 6
+    assert _constraint(jnp.zeros((8, 3))) is None  # no mesh: nothing traced
+    one = AbstractMesh((1, 1, 1), AXES, axis_types=(AxisType.Auto,) * 3)
+    assert _constraint(jnp.zeros((8, 3)), one) is None
+    assert batch_axes({"data": 1, "fsdp": 4, "tensor": 2}, 8) == ("fsdp",)
+    assert batch_axes({"data": 2, "fsdp": 4, "tensor": 1}, 4) == ()

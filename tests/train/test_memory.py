@@ -67,7 +67,8 @@ def test_sampler_keeps_one_cache_and_clear_deletes_it():
     sampler = Sampler(graphdef, model.cfg, GenerateConfig(num_samples=2, max_new_tokens=5))
     short = left_padded_batch(model.cfg.vocab_size, (8, 3, 5), seed=0)  # [3, 8]
     again = left_padded_batch(model.cfg.vocab_size, (2, 8, 6), seed=1)  # same bucket
-    long = left_padded_batch(model.cfg.vocab_size, (12, 4, 9), seed=2)  # [3, 12]
+    # [3, 130]: past the 128 slots the cache length is rounded up to, a longer cache
+    long = left_padded_batch(model.cfg.vocab_size, (130, 4, 9), seed=2)
     live = LiveBytes()
 
     sampler.generate(state, *short, seed=0)
