@@ -68,7 +68,7 @@ def get_config():
 
 def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_prompts: int):
     """The changes shared by the planner-sized recipes (`qwen_math_{7b,1p5b}_*.py`): float32
-    master weights with bf16 compute and remat, prompts up to 1024 and responses up to 3072
+    master weights with bf16 compute, remat and scanned layers, prompts up to 1024 and responses up to 3072
     tokens (the Qwen2.5-Math context is 4096), 128 prompts per step in mini-batches of 32 and
     packed micro-batches of 16 rows of 4096 tokens (the padded size of one prompt's 16
     responses), and the given mesh, rollout round and eval call sizes."""
@@ -77,6 +77,10 @@ def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_p
     c.model.param_dtype = "float32"
     c.model.dtype = "bfloat16"
     c.model.remat = True
+    # one layer body under lax.scan: per-layer buffers cannot be hoisted across layers (the
+    # TPU compile of the 1.5B update holds 8.0 GiB of temporaries scanned, 12.2 unscanned:
+    # docs/memory.md), and a compile takes ~150 s instead of ~470 s on 2 CPU cores
+    c.model.scan_layers = True
     c.rollout.prompt_buckets = (256, 512, 1024)
     c.rollout.max_new_tokens = 3072
     c.overlong.buffer = 512

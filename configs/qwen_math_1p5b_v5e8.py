@@ -17,10 +17,12 @@ rollout phase 7.25, train phase 5.55; peak 10.29 GiB = 64.3% of 16 GiB -> fits (
 90%; the tightest of the recipes).
 
 Compiled for v5e-8 (python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py
---compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1, 2026-12-03): DOES NOT FIT. The update
-compiles at 16.6 GiB per chip and the sampler does not compile (16.07 GiB of temporaries
-over the chip's 15.75 GiB); the planner's numbers above are low (docs/memory.md). Not
-re-sized yet.
+--compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1): on 2026-12-03 the update compiled at 16.6
+GiB per chip and the sampler did not compile. Since then (2026-12-04): the donated KV cache
+stays in place (sampler temporaries 2.8 -> 0.9 GiB), activations are pinned to the batch
+axes (update temp 14.7 -> 12.5 GiB) and the layers are scanned (update temp 8.0 GiB,
+arguments 2.2 GiB, compile 151 s). The planner's train phase is still below the
+compiled one and the whole run has not been re-compiled since: see docs/memory.md.
 """
 
 import os

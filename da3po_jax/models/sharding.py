@@ -20,7 +20,8 @@ import math
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from da3po_jax.parallel.mesh import BATCH_AXES
+# the mesh axes that split a batch (`parallel.mesh.BATCH_AXES`; models sit below parallel)
+BATCH_AXES = ("data", "fsdp")
 
 
 def batch_axes(sizes: dict[str, int], rows: int) -> tuple[str, ...]:
