@@ -21,8 +21,11 @@ Compiled for v5e-8 (python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e
 GiB per chip and the sampler did not compile. Since then (2026-12-04): the donated KV cache
 stays in place (sampler temporaries 2.8 -> 0.9 GiB), activations are pinned to the batch
 axes (update temp 14.7 -> 12.5 GiB) and the layers are scanned (update temp 8.0 GiB,
-arguments 2.2 GiB, compile 151 s). The planner's train phase is still below the
-compiled one and the whole run has not been re-compiled since: see docs/memory.md.
+arguments 2.2 GiB, compile 151 s). The whole run re-compiled (2026-12-04, every program
+ok: update_packed 48 s, ds_round 4 s, sampler 61 s, eval_generate 69 s): compiled peak
+11.29 GiB per chip (set by the sampler: 7.72 GiB of arguments, 1.88 temp) -> FITS 16 GiB;
+planned 10.29 (-8.9%), though by component the planner is low on both phases (train 6.42
+vs 7.99, rollout 7.25 vs 9.11 GiB): docs/memory.md. Roofline (lower bound): 177 s/step.
 """
 
 import os
