@@ -68,10 +68,10 @@ def get_config():
 
 def sized(c, path: str, preset: str, mesh: tuple, prompts_per_round: int, eval_prompts: int):
     """The changes shared by the planner-sized recipes (`qwen_math_{7b,1p5b}_*.py`): float32
-    master weights with bf16 compute, remat and scanned layers, prompts up to 1024 and responses up to 3072
-    tokens (the Qwen2.5-Math context is 4096), 128 prompts per step in mini-batches of 32 and
-    packed micro-batches of 16 rows of 4096 tokens (the padded size of one prompt's 16
-    responses), and the given mesh, rollout round and eval call sizes."""
+    master weights with bf16 compute, remat and scanned layers, prompts up to 1024 and
+    responses up to 3072 tokens (the Qwen2.5-Math context is 4096), 128 prompts per step in
+    mini-batches of 32 and packed micro-batches of 16 rows of 4096 tokens (the padded size
+    of one prompt's 16 responses), and the given mesh, rollout round and eval call sizes."""
     c.model.path = path  # placeholder: a HF folder
     c.model.preset = preset  # shapes for the planner before the download
     c.model.param_dtype = "float32"

@@ -19,8 +19,8 @@ rollout phase 7.25, train phase 5.55; peak 10.29 GiB = 64.3% of 16 GiB -> fits (
 Compiled for v5e-8 (python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py
 --compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1): on 2026-12-03 the update compiled at 16.6
 GiB per chip and the sampler did not compile. Since then (2026-12-04): the donated KV cache
-stays in place (sampler temporaries 2.8 -> 0.9 GiB), activations are pinned to the batch
-axes (update temp 14.7 -> 12.5 GiB) and the layers are scanned (update temp 8.0 GiB,
+stays in place (sampler temporaries 2.7 -> 0.9 GiB), activations are pinned to the batch
+axes (update temp 14.4 -> 12.2 GiB) and the layers are scanned (update temp 8.0 GiB,
 arguments 2.2 GiB, compile 151 s). The whole run re-compiled (2026-12-04, every program
 ok: update_packed 48 s, ds_round 4 s, sampler 61 s, eval_generate 69 s): compiled peak
 11.29 GiB per chip (set by the sampler: 7.72 GiB of arguments, 1.88 temp) -> FITS 16 GiB;

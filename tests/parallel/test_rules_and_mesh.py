@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
+from da3po_jax.models.sharding import batch_axes, constrain
 from da3po_jax.parallel import AXES, resolve_mesh_shape, spec_for
 from da3po_jax.parallel.rules import path_str
 
@@ -78,10 +81,6 @@ def test_size_one_axes_are_left_out():
 
 def _constraint(x, mesh=None):
     """The sharding `constrain` puts on `x` under `mesh` (None: no constraint traced)."""
-    import jax
-
-    from da3po_jax.models.sharding import constrain
-
     if mesh is None:
         eqns = jax.make_jaxpr(constrain)(x).eqns
     else:
@@ -92,10 +91,6 @@ def _constraint(x, mesh=None):
 
 
 def test_activation_rows_are_pinned_to_the_batch_axes():
-    import jax.numpy as jnp
-
-    from da3po_jax.models.sharding import batch_axes
-
     mesh = AbstractMesh((2, 2, 2), AXES, axis_types=(AxisType.Auto,) * 3)
     free = P.UNCONSTRAINED
     assert _constraint(jnp.zeros((8, 3, 5)), mesh) == P(("data", "fsdp"), free, free)
