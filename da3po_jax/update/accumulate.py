@@ -28,7 +28,8 @@ def accumulate_grads(
     Args:
       loss_fn: `(params, m) -> (loss, metrics)`.
       used: `m -> bool`; a micro-batch it rejects is skipped (a `lax.cond`: no forward,
-        zero gradient and loss, zero metrics), e.g. a packed slot the batch leaves empty.
+        the sums left as they are, zero metrics), e.g. a packed slot the batch leaves
+        empty.
 
     Returns:
       (summed gradients, summed loss, metrics stacked [micro-batches]).
@@ -38,16 +39,22 @@ def accumulate_grads(
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, m)
         return grads, loss, metrics
 
-    step = grads_of
-    if used is not None:
-        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
-        empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, one))
-        step = lambda m: jax.lax.cond(used(m), grads_of, lambda _: empty, m)  # noqa: E731
-
-    def body(acc, m):
-        grads, loss, metrics = step(m)
+    def add(acc, m):
+        grads, loss, metrics = grads_of(m)
         acc_grads, acc_loss = acc
         return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss), metrics
+
+    body = add
+    if used is not None:
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
+        shapes = jax.eval_shape(grads_of, one)[2]
+
+        def skip(acc, m):
+            return acc, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        # the condition around the sum, not around the gradients: a skipped micro-batch
+        # leaves the sum as it is instead of adding a parameter-sized buffer of zeros
+        body = lambda acc, m: jax.lax.cond(used(m), add, skip, acc, m)  # noqa: E731
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros(())), micro)
