@@ -33,6 +33,7 @@ def get_config():
     c.model.preset = "qwen2.5-7b"  # shapes for the planner before the download
     c.model.attention = "auto"  # cuDNN flash attention on the GPUs, never the naive path
     c.mesh.shape = (1, 8, 1)
+    c.model.scan_layers = True  # as qwen_math.sized(): one layer's FSDP buffers at a time
     c.rollout.prompts_per_round = 16
     c.ds.max_prompts = 5120  # as qwen_math.py: at most 10 x 512 prompts per step
     c.eval.prompts_per_call = 8

@@ -12,7 +12,7 @@ Per-chip figures (Google Cloud's TPU system architecture pages; nominal):
 |------|---------|--------------|----------|------------|
 | v4   | 32      | 275          | 1200     | 4 chips (2x2x1) |
 | v5e  | 16      | 197          | 819      | up to 8 chips; 4 (2x2) in slices over 8 |
-| v5p  | 95      | 459          | 2765     | 4 chips (2x2x1) |
+| v5p  | 95      | 459          | 2765     | 4 chips (2x2x1); v5p-2 is one chip |
 | v6e  | 32      | 918          | 1640     | up to 8 chips; 4 (2x2) in slices over 8 |
 
 GPUs (`h100-8`: 8 x H100 SXM 80 GiB, 989 dense bf16 TFLOP/s, 3350 GB/s; `h200-N`: 141 GiB,
@@ -59,7 +59,7 @@ _GRIDS_2D = {
 CHIPS: dict[str, Chip] = {
     "v4": Chip("v4", 32, 275, 1200, 2, "megacore", _GRIDS_3D),
     "v5e": Chip("v5e", 16, 197, 819, 1, "default", _GRIDS_2D),
-    "v5p": Chip("v5p", 95, 459, 2765, 2, "megacore", _GRIDS_3D),
+    "v5p": Chip("v5p", 95, 459, 2765, 2, "megacore", {1: (1, 1, 1), **_GRIDS_3D}),
     "v6e": Chip("v6e", 32, 918, 1640, 1, "default", _GRIDS_2D),
     "h100": Chip("h100", 80, 989, 3350, 1, "", {n: (n,) for n in (1, 2, 4, 8)}, "cuda"),
     "h200": Chip("h200", 141, 989, 4800, 1, "", {n: (n,) for n in (1, 2, 4, 8)}, "cuda"),
@@ -105,7 +105,7 @@ def _host_bounds(chip: Chip, grid: tuple[int, ...]) -> tuple[int, int, int]:
     if chip.platform == "cuda":  # one node of up to 8 GPUs
         return (grid[0], 1, 1)
     if len(grid) == 3:
-        return (2, 2, 1)
+        return (2, 2, 1) if math.prod(grid) >= 4 else grid
     if math.prod(grid) <= 8:  # one host holds the whole slice
         return (grid[0], grid[1], 1)
     return (2, 2, 1)
