@@ -61,6 +61,9 @@ def get_config() -> config_dict.ConfigDict:
     c.rollout.slots = 64  # continuous: rows decoded together (S)
     c.rollout.steps_per_call = 16  # continuous: decode steps per jitted call (K)
     c.rollout.attention_block = 128  # continuous: keys per decode-attention block
+    # under a mesh, generation reads the compute-dtype weights gathered over data x fsdp
+    # (one copy per device while it runs) instead of all-gathering them every decode step
+    c.rollout.gather_weights = True
     c.rollout.prompts_per_round = 16  # prompts in one generation round
     c.rollout.group_size = 8  # G samples per prompt
     c.rollout.prompt_buckets = (64, 128, 256, 512, 1024, 2048)

@@ -18,8 +18,9 @@ compiled bytes per device beside this plan.
 
 What is counted, component by component, and how `--compile` measures the same: see
 docs/memory.md. In short, peak = params + optimizer + reference + teacher + batch +
-gathered + max(rollout phase = kv_cache + rollout_work, train phase = grads +
-activations); the first five are exact from the sharding rules, the rest estimates.
+gathered + max(rollout phase = kv_cache + decode_weights + rollout_work, train phase =
+grads + activations); the first five and decode_weights are exact from the sharding rules,
+the rest estimates.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ _COMPONENTS = (
     "batch",
     "gathered",
     "kv_cache",
+    "decode_weights",
     "rollout_work",
     "activations",
 )
@@ -96,6 +98,7 @@ class MemoryPlan:
     batch: int
     gathered: int
     kv_cache: int
+    decode_weights: int
     rollout_work: int
     activations: int
     peak: int
@@ -288,6 +291,25 @@ def _slot_bytes(r: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
     return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
 
 
+def _decode_weights(r: _Run) -> int:
+    """What a generate call holds of the weights when it reads its own gathered copy
+    (`rollout.gather_weights`, `sampling.sampler.decode_weights`; more than one device):
+    every matrix in the compute dtype split over `tensor` only, plus each device's shard
+    of it cast to the compute dtype before the all-gather (XLA casts them all before the
+    gathers it overlaps), both alive while the call runs; vectors in their own dtype."""
+    if not r.s.rollout.gather_weights or r.mesh.size == 1:
+        return 0
+    tensor_only = abstract_mesh((1, 1, r.mesh.shape["tensor"]))
+    total = 0
+    for path, x in jax.tree_util.tree_leaves_with_path(abstract_params(r.mc)):
+        if x.ndim < 2:
+            total += sharded_nbytes(path, x.shape, x.dtype.itemsize, tensor_only)
+            continue
+        total += sharded_nbytes(path, x.shape, r.cbytes, tensor_only)
+        total += sharded_nbytes(path, x.shape, r.cbytes, r.mesh)
+    return total
+
+
 def _rollout_phase(r: _Run) -> dict[str, int]:
     """The larger of the rollout and eval caches with its work buffers, and the rows and
     slots of each (the continuous engine's slots serve rollout and eval alike)."""
@@ -458,15 +480,16 @@ def plan_memory(
     mc = policy_config(s)
     r = _Run(s, abstract_mesh(shape), mc, device, int(prompt_len or max(s.rollout.prompt_buckets)))
     res, roll, train = _resident(r), _rollout_phase(r), _train_phase(r)
+    roll["decode_weights"] = _decode_weights(r)
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
     resident += res["gathered"]
-    rollout_phase = roll["kv_cache"] + roll["rollout_work"]
+    rollout_phase = roll["kv_cache"] + roll["decode_weights"] + roll["rollout_work"]
     train_phase = res["grads"] + train["activations"]
     peak = resident + max(rollout_phase, train_phase)
     info = _info(r, res, roll, train)
     info.update(rollout_phase=rollout_phase, train_phase=train_phase)
     components = {k: res[k] for k in _COMPONENTS if k in res}
-    components.update(kv_cache=roll["kv_cache"], rollout_work=roll["rollout_work"])
+    components.update({k: roll[k] for k in ("kv_cache", "decode_weights", "rollout_work")})
     components["activations"] = train["activations"]
     return MemoryPlan(
         **components,

@@ -68,6 +68,7 @@ class RolloutSettings:
     slots: int
     steps_per_call: int
     attention_block: int
+    gather_weights: bool
     prompts_per_round: int
     group_size: int
     prompt_buckets: tuple[int, ...]

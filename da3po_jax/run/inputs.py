@@ -106,6 +106,7 @@ def generate_configs(s: Settings, tokenizer: Tokenizer) -> tuple[GenerateConfig,
         top_p=r.top_p,
         stop_ids=tokenizer.eos_ids,
         pad_id=tokenizer.pad_id,
+        gather_weights=r.gather_weights,
     )
     evaluation = rollout.replace(
         num_samples=s.eval.num_samples,

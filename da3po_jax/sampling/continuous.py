@@ -43,7 +43,7 @@ from da3po_jax.models.transformer import KVCache, SlotCache
 from da3po_jax.parallel import BATCH_AXES
 from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.sampling.distribution import draw
-from da3po_jax.sampling.sampler import GenerateConfig, sample_keys, token_keys
+from da3po_jax.sampling.sampler import GenerateConfig, decode_weights, sample_keys, token_keys
 
 _TRACES = collections.Counter()  # traces (= compiles) of the jitted functions, by name
 
@@ -187,6 +187,8 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
       keys: [A] prompt keys.
     """
     _TRACES["admit_groups"] += 1
+    if gen.gather_weights:
+        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
     model = nnx.merge(graphdef, state)
     a, tb = tokens.shape
     g = gen.num_samples
@@ -232,6 +234,8 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
 def decode_steps(graphdef, state, slots: Slots, *, gen: GenerateConfig, steps: int):
     """Up to `steps` decode steps of the running slots; returns (slots, steps run)."""
     _TRACES["decode_steps"] += 1
+    if gen.gather_weights:
+        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
     model = nnx.merge(graphdef, state)
     s, n = slots.tokens.shape
     cap, rows = slots.cache.max_len, jnp.arange(s)

@@ -41,9 +41,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.models.transformer import KVCache, Transformer, positions_from_mask
+from da3po_jax.parallel.mesh import BATCH_AXES
+from da3po_jax.parallel.rules import spec_for
 from da3po_jax.sampling.distribution import Draw, SamplingParams, draw
 
 _TRACES = [0]  # incremented each time `generate_with_cache` is traced (= compiled)
@@ -66,6 +69,9 @@ class GenerateConfig:
       top_p: 1.0 = off.
       stop_ids: token ids that end a response (the stop token is part of the response).
       pad_id: written after a response ends.
+      gather_weights: under a mesh, the call reads its own copy of the weights, gathered
+        over the batch axes (`decode_weights`); False: the FSDP-sharded weights, gathered
+        by XLA as each layer needs them (for a model whose gathered weights do not fit).
     """
 
     num_samples: int = 1
@@ -75,6 +81,7 @@ class GenerateConfig:
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    gather_weights: bool = True
 
     def __post_init__(self):
         if self.num_samples < 1 or self.max_new_tokens < 1:
@@ -213,6 +220,42 @@ def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
     return jax.tree.map(lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init))
 
 
+def _without_batch(axes):
+    """A spec entry (None, an axis, or a tuple of axes) less the batch axes."""
+    kept = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a not in BATCH_AXES)
+    return None if not kept or kept == (None,) else kept if len(kept) > 1 else kept[0]
+
+
+def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
+    """The weights a generate call reads: under an ambient mesh of more than one device
+    (`parallel.mesh.kernel_mesh`), the matrices in the compute dtype and every weight
+    gathered over the batch axes (data x fsdp), still split over `tensor`, for the whole
+    call; `state` itself without one.
+
+    Every decode step reads every weight, so FSDP-sharded weights would be all-gathered
+    once per step and layer (the whole model over the interconnect per token); gathered
+    once, a step reads each device's copy from its own memory (the roofline of
+    `da3po_jax.compile.report` assumes so). It costs the compute-dtype model per device
+    (split over `tensor`) while the call runs, which `da3po_jax.plan` counts. The values
+    are those the model computes with (it casts each matrix to the compute dtype where
+    it uses it; vectors, e.g. the norms' weights, keep their dtype)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return state
+
+    def one(path, x):
+        if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(cfg.jnp_dtype)
+        spec = [_without_batch(a) for a in spec_for(path, x.shape, mesh)]
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+    # One value per weight for the whole call: without the barrier, a weight gathered
+    # along its last dimension (`embed`, `attn/o`, `mlp/down` are FSDP-split there) stays
+    # alive in the layout the all-gather produced for the prefill beside the copy the
+    # decode loop carries in its own layout (1.5B on v5e-8: 1.2 GiB of such twins).
+    return jax.lax.optimization_barrier(jax.tree_util.tree_map_with_path(one, state))
+
+
 def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):
     """Runs the prompts once and copies their keys/values to each prompt's G rows.
 
@@ -228,12 +271,19 @@ def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int)
         return x.reshape(p * num_samples, *x.shape[2:])
 
     def put(big, new):
-        return jax.lax.dynamic_update_slice(big, share(new), (0,) * big.ndim)
+        """`new` [P, ...] into rows p * G + g of `big` for every g, one sample at a time:
+        the broadcast [P * G, ...] copy of a layer's keys or values is never formed (the
+        TPU compile of the 7B sampler otherwise holds ~10 of them at once, 11 GB)."""
+        grouped = big.reshape(p, num_samples, *big.shape[1:])
+        for g in range(num_samples):
+            at = (0, g) + (0,) * (big.ndim - 1)
+            grouped = jax.lax.dynamic_update_slice(grouped, new[:, None], at)
+        return grouped.reshape(big.shape)
 
     cache = KVCache(
         k=tuple(map(put, cache.k, small.k)),
         v=tuple(map(put, cache.v, small.v)),
-        mask=put(cache.mask, mask),
+        mask=jax.lax.dynamic_update_slice(cache.mask, share(mask), (0, 0)),
         index=jnp.asarray(tp, jnp.int32),
     )
     return share(logits), cache
@@ -305,6 +355,8 @@ def generate_with_cache(
       (SampleOutput, the cache to pass to the next call).
     """
     _TRACES[0] += 1
+    if config.gather_weights:
+        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
     model = nnx.merge(graphdef, state)
     p, g, n = prompt_tokens.shape[0], config.num_samples, config.max_new_tokens
     prompt_mask = prompt_mask.astype(jnp.bool_)

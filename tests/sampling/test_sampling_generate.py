@@ -246,3 +246,30 @@ def test_generated_token_frequencies_match_target_distribution():
     assert stat < stats.chi2.ppf(0.999, df), (stat, counts, target)
     np.testing.assert_allclose(out["sample_logp"], target_logp[out["tokens"]], atol=1e-5)
     np.testing.assert_allclose(out["logp"], log_softmax(target_logits)[out["tokens"]], atol=1e-5)
+
+
+def test_decode_weights_gathers_over_the_batch_axes_in_the_compute_dtype():
+    from jax.sharding import AbstractMesh, AxisType
+    from jax.sharding import PartitionSpec as P
+
+    from da3po_jax.parallel import AXES, spec_for
+    from da3po_jax.sampling.sampler import decode_weights
+
+    cfg, _, state, _ = tiny_model(param_dtype="float32", dtype="bfloat16")
+    assert decode_weights(state, cfg) is state  # no mesh: the weights as they are
+    mesh = AbstractMesh((1, 4, 2), AXES, axis_types=(AxisType.Auto,) * 3)
+    with jax.sharding.use_abstract_mesh(mesh):
+        jaxpr = jax.make_jaxpr(lambda s: decode_weights(s, cfg))(state)
+        out = jax.eval_shape(lambda s: decode_weights(s, cfg), state)
+    specs = [
+        e.params["sharding"].spec for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"
+    ]
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    assert len(specs) == len(leaves)
+    batch_split = 0
+    for (path, x), spec, y in zip(leaves, specs, jax.tree.leaves(out)):
+        want = spec_for(path, x.shape, mesh)
+        batch_split += "fsdp" in want
+        assert spec == P(*[None if a == "fsdp" else a for a in want]), path
+        assert y.dtype == (jnp.bfloat16 if x.ndim >= 2 else jnp.float32), path
+    assert batch_split > 0  # the mesh splits some weights over fsdp: they are gathered
