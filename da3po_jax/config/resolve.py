@@ -82,8 +82,13 @@ def resolve_settings(config: Any, *, inputs: bool = True) -> Settings:
 
 
 # Fields added after runs were first saved, with the value that reproduces those runs: a
-# saved run's config.json that predates one gets it (`with_added_fields`).
-ADDED_FIELDS: dict[str, Any] = {"model.decode_attention": "auto"}
+# saved run's config.json that predates one gets it (`with_added_fields`). Generating from a
+# gathered copy of the weights computes the same values (each matrix is cast to the
+# compute dtype where it is used either way); it changes where the weights are read from.
+ADDED_FIELDS: dict[str, Any] = {
+    "model.decode_attention": "auto",
+    "rollout.gather_weights": True,
+}
 
 
 def with_added_fields(raw: dict[str, Any]) -> dict[str, Any]:

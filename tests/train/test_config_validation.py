@@ -163,12 +163,15 @@ def test_edge_values_that_mean_something_are_accepted(overrides):
 
 
 def test_a_saved_run_from_before_a_field_existed_still_resolves():
-    """A run's config.json written before `model.decode_attention` existed gets the value
-    that reproduces it; a fresh config without the field is still refused."""
+    """A run's config.json written before `model.decode_attention` and
+    `rollout.gather_weights` existed gets the values that reproduce it; a fresh config
+    without such a field is still refused."""
     from da3po_jax.config import with_added_fields
 
     raw = _config().to_dict()
     del raw["model"]["decode_attention"]
+    del raw["rollout"]["gather_weights"]
     with pytest.raises(ValueError, match="config.model.decode_attention is unset"):
         resolve_settings(raw)
-    assert resolve_settings(with_added_fields(raw)).model.decode_attention == "auto"
+    s = resolve_settings(with_added_fields(raw))
+    assert s.model.decode_attention == "auto" and s.rollout.gather_weights is True
