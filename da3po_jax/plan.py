@@ -19,8 +19,8 @@ compiled bytes per device beside this plan.
 What is counted, component by component, and how `--compile` measures the same: see
 docs/memory.md. In short, peak = params + optimizer + reference + teacher + batch +
 gathered + max(rollout phase = kv_cache + decode_weights + rollout_work, train phase =
-grads + activations); the first five and decode_weights are exact from the sharding rules,
-the rest estimates.
+grads + activations + update_work); the first five, decode_weights and update_work are
+exact from the sharding rules, the rest estimates.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ _COMPONENTS = (
     "decode_weights",
     "rollout_work",
     "activations",
+    "update_work",
 )
 
 
@@ -101,6 +102,7 @@ class MemoryPlan:
     decode_weights: int
     rollout_work: int
     activations: int
+    update_work: int
     peak: int
     device_bytes: int
     usable: float
@@ -361,6 +363,23 @@ def _train_phase(r: _Run) -> dict[str, int]:
     return {"activations": activations, "micro_rows": micro_rows, "b": b, "seq": seq}
 
 
+def _update_work(r: _Run) -> int:
+    """Buffers of the update besides gradients and activations, both exact from the
+    sharding rules: each device's matrices cast to the compute dtype (XLA hoists the casts
+    out of the micro-batch loop when the parameter dtype differs), and under FSDP the
+    unembedding's gradient in the parameter dtype unsharded over fsdp (every device forms
+    the gradient of the gathered weight before its reduce-scatter), split over tensor."""
+    mc, work = r.mc, 0
+    if mc.param_dtype != mc.dtype:
+        for path, x in jax.tree_util.tree_leaves_with_path(abstract_params(mc)):
+            if x.ndim >= 2:
+                work += sharded_nbytes(path, x.shape, r.cbytes, r.mesh)
+    if r.mesh.shape["fsdp"] > 1:
+        vocab = _div(mc.vocab_size, r.mesh.shape["tensor"])
+        work += vocab * mc.hidden_size * _BYTES[mc.param_dtype]
+    return work
+
+
 def _resident(r: _Run) -> dict[str, Any]:
     """Exact bytes from the sharding rules: parameters, optimizer state, gradients, the
     reference and teacher copies; and the batch buffers and FSDP all-gathers."""
@@ -484,13 +503,14 @@ def plan_memory(
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
     resident += res["gathered"]
     rollout_phase = roll["kv_cache"] + roll["decode_weights"] + roll["rollout_work"]
-    train_phase = res["grads"] + train["activations"]
+    train["update_work"] = _update_work(r)
+    train_phase = res["grads"] + train["activations"] + train["update_work"]
     peak = resident + max(rollout_phase, train_phase)
     info = _info(r, res, roll, train)
     info.update(rollout_phase=rollout_phase, train_phase=train_phase)
     components = {k: res[k] for k in _COMPONENTS if k in res}
     components.update({k: roll[k] for k in ("kv_cache", "decode_weights", "rollout_work")})
-    components["activations"] = train["activations"]
+    components.update(activations=train["activations"], update_work=train["update_work"])
     return MemoryPlan(
         **components,
         peak=peak,

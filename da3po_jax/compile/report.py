@@ -304,7 +304,7 @@ def _components(s, compiled, resident, plan, lowered_only) -> dict[str, dict[str
         },
         "train_phase": {
             "compiled": compiled_train,
-            "planned": plan.grads + plan.activations + plan.gathered,
+            "planned": plan.grads + plan.activations + plan.update_work + plan.gathered,
         },
         "rollout_phase": {
             "compiled": compiled_rollout,

@@ -197,37 +197,54 @@ def test_cudnn_segment_mask_is_counted_on_gpus():
     )
 
 
-def tiny_matrix_and_vector_elements() -> tuple[int, int]:
-    """tiny-qwen2's parameter elements in matrices (q/k/v/o, MLP, embed) and in vectors
-    (biases, norms), by hand."""
-    layer_matrices = 64 * 4 * 16 + 2 * 64 * 2 * 16 + 4 * 16 * 64 + 3 * 64 * 128
-    layer_vectors = 4 * 16 + 2 * 2 * 16 + 2 * 64
-    return 2 * layer_matrices + 512 * 64, 2 * layer_vectors + 64
+def tiny_elements() -> tuple[int, int, int]:
+    """tiny-qwen2's parameter elements, by hand: matrices (q/k/v/o, MLP, embed), the 2-D
+    q/k/v biases ([heads, head_dim], split over tensor only) and the norms."""
+    matrices = 2 * (64 * 4 * 16 + 2 * 64 * 2 * 16 + 4 * 16 * 64 + 3 * 64 * 128) + 512 * 64
+    biases = 2 * (4 * 16 + 2 * 2 * 16)
+    norms = 2 * 2 * 64 + 64
+    return matrices, biases, norms
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 1), (2, 2, 1), (1, 4, 2)])
 def test_decode_weights_are_the_gathered_compute_dtype_model_and_the_cast_shards(shape):
     """With `rollout.gather_weights` on more than one device a generate call holds every
-    matrix in the compute dtype (bf16) split over `tensor` only, plus each device's shard
-    of it cast to bf16 (the rules' FSDP x tensor split), and the vectors in their f32;
-    off, or on one device, nothing."""
+    2-D weight in the compute dtype (bf16) split over `tensor` only, plus each device's
+    shard of it cast to bf16 (the rules' FSDP x tensor split), and the norms in f32; off,
+    or on one device, nothing."""
     cfg = tiny_cfg()
     cfg.model.dtype = "bfloat16"
     cfg.mesh.shape = shape
     devices = shape[0] * shape[1] * shape[2]
     plan = plan_memory(plan_settings(cfg), num_devices=devices)
-    matrices, vectors = tiny_matrix_and_vector_elements()
-    f, t = shape[1], shape[2]
-    if t == 1:  # every matrix of tiny-qwen2 divides by fsdp = 4 or 2
-        want = 2 * matrices + 2 * matrices // f + 4 * vectors
-    else:  # tensor = 2 splits every matrix (KV heads 2 divide); vectors: q_bias, k/v_bias
-        split_vectors = 2 * (4 * 16 + 2 * 2 * 16)
-        want = 2 * matrices // t + 2 * matrices // (f * t)
-        want += 4 * (vectors - split_vectors) + 4 * split_vectors // t
-    assert plan.decode_weights == want
+    matrices, biases, norms = tiny_elements()
+    f, t = shape[1], shape[2]  # every tiny matrix divides by these, and 2 KV heads by t
+    gathered = 2 * (matrices + biases) // t + 4 * norms
+    cast_shards = 2 * (matrices // (f * t) + biases // t)
+    assert plan.decode_weights == gathered + cast_shards
     assert plan.info["rollout_phase"] == plan.kv_cache + plan.decode_weights + plan.rollout_work
     cfg.rollout.gather_weights = False
     assert plan_memory(plan_settings(cfg), num_devices=devices).decode_weights == 0
     cfg.rollout.gather_weights = True
     cfg.mesh.shape = (1, 1, 1)
     assert plan_memory(plan_settings(cfg), num_devices=1).decode_weights == 0
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 4, 1), (1, 2, 2)])
+def test_update_work_is_the_cast_shards_and_the_unsharded_unembedding_gradient(shape):
+    """With f32 parameters and bf16 compute the update holds each device's 2-D weights
+    cast to bf16; under FSDP also the f32 gradient of the (tied) unembedding, whole over
+    fsdp and split over tensor; f32 compute on one device holds neither."""
+    cfg = tiny_cfg()
+    cfg.model.param_dtype, cfg.model.dtype = "float32", "bfloat16"
+    cfg.mesh.shape = shape
+    devices = shape[0] * shape[1] * shape[2]
+    plan = plan_memory(plan_settings(cfg), num_devices=devices)
+    matrices, biases, _ = tiny_elements()
+    f, t = shape[1], shape[2]
+    unembedding_grad = 512 * 64 * 4 // t if f > 1 else 0
+    assert plan.update_work == 2 * (matrices // (f * t) + biases // t) + unembedding_grad
+    assert plan.info["train_phase"] == plan.grads + plan.activations + plan.update_work
+    if shape == (1, 1, 1):
+        cfg.model.dtype = "float32"
+        assert plan_memory(plan_settings(cfg), num_devices=1).update_work == 0
