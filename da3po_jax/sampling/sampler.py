@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -220,10 +221,36 @@ def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
     return jax.tree.map(lambda a: jax.sharding.NamedSharding(mesh, spec(a)), jax.eval_shape(init))
 
 
-def _without_batch(axes):
-    """A spec entry (None, an axis, or a tuple of axes) less the batch axes."""
-    kept = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a not in BATCH_AXES)
-    return None if not kept or kept == (None,) else kept if len(kept) > 1 else kept[0]
+def _axes(entry) -> tuple[str, ...]:
+    """The mesh axes of a spec entry (None, an axis, or a tuple of axes)."""
+    return tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a is not None)
+
+
+def _entry(axes: tuple[str, ...]):
+    return None if not axes else axes if len(axes) > 1 else axes[0]
+
+
+def _without_batch(entry):
+    """A spec entry less the batch axes."""
+    return _entry(tuple(a for a in _axes(entry) if a not in BATCH_AXES))
+
+
+def gather_steps(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> list[PartitionSpec]:
+    """The shardings a weight of `spec` passes through on its way to `spec` less the batch
+    axes: directly, or, when the batch axes split its last dimension, first moved to the
+    dimension before it (an all-to-all of the shard) so that the all-gather joins a
+    major dimension. On TPU an all-gather along the minor-most dimension comes out in
+    another layout than the decode loop reads, and XLA keeps both copies."""
+    spec = list(spec) + [None] * (len(shape) - len(spec))
+    final = PartitionSpec(*[_without_batch(e) for e in spec])
+    batch_last = tuple(a for a in _axes(spec[-1]) if a in BATCH_AXES) if spec else ()
+    if len(shape) < 2 or not batch_last:
+        return [final]
+    moved = _axes(spec[-2]) + batch_last
+    if shape[-2] % math.prod(mesh.shape[a] for a in moved):
+        return [final]
+    mid = spec[:-2] + [_entry(moved), _without_batch(spec[-1])]
+    return [PartitionSpec(*mid), final]
 
 
 def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
@@ -246,13 +273,13 @@ def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
     def one(path, x):
         if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(cfg.jnp_dtype)
-        spec = [_without_batch(a) for a in spec_for(path, x.shape, mesh)]
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+        for spec in gather_steps(spec_for(path, x.shape, mesh), x.shape, mesh):
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return x
 
-    # One value per weight for the whole call: without the barrier, a weight gathered
-    # along its last dimension (`embed`, `attn/o`, `mlp/down` are FSDP-split there) stays
-    # alive in the layout the all-gather produced for the prefill beside the copy the
-    # decode loop carries in its own layout (1.5B on v5e-8: 1.2 GiB of such twins).
+    # One value per weight for the whole call: without the barrier, the prefill and the
+    # decode loop may each keep the weights in the layout they prefer (1.5B on v5e-8:
+    # 1.2 GiB of such twins of `embed`, `attn/o` and `mlp/down`).
     return jax.lax.optimization_barrier(jax.tree_util.tree_map_with_path(one, state))
 
 

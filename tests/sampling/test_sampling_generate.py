@@ -259,17 +259,39 @@ def test_decode_weights_gathers_over_the_batch_axes_in_the_compute_dtype():
     assert decode_weights(state, cfg) is state  # no mesh: the weights as they are
     mesh = AbstractMesh((1, 4, 2), AXES, axis_types=(AxisType.Auto,) * 3)
     with jax.sharding.use_abstract_mesh(mesh):
-        jaxpr = jax.make_jaxpr(lambda s: decode_weights(s, cfg))(state)
+        jaxpr = jax.make_jaxpr(lambda s: decode_weights(s, cfg))(state).jaxpr
         out = jax.eval_shape(lambda s: decode_weights(s, cfg), state)
-    specs = [
-        e.params["sharding"].spec for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"
-    ]
+    # the weights leave through one optimization barrier, each from its last constraint
+    (barrier,) = [e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier"]
+    made_by = {id(v): e for e in jaxpr.eqns for v in e.outvars}
+    specs = [made_by[id(v)].params["sharding"].spec for v in barrier.invars]
     leaves = jax.tree_util.tree_leaves_with_path(state)
     assert len(specs) == len(leaves)
     batch_split = 0
     for (path, x), spec, y in zip(leaves, specs, jax.tree.leaves(out)):
-        want = spec_for(path, x.shape, mesh)
+        want = tuple(spec_for(path, x.shape, mesh))
         batch_split += "fsdp" in want
+        want += (None,) * (x.ndim - len(want))
         assert spec == P(*[None if a == "fsdp" else a for a in want]), path
         assert y.dtype == (jnp.bfloat16 if x.ndim >= 2 else jnp.float32), path
     assert batch_split > 0  # the mesh splits some weights over fsdp: they are gathered
+
+
+def test_a_weight_split_on_its_last_dimension_is_gathered_along_the_one_before():
+    """`gather_steps`: the batch axes move from a weight's last dimension to the one
+    before it (when it divides) before the all-gather; other weights go straight there."""
+    from jax.sharding import AbstractMesh, AxisType
+    from jax.sharding import PartitionSpec as P
+
+    from da3po_jax.parallel import AXES
+    from da3po_jax.sampling.sampler import gather_steps
+
+    mesh = AbstractMesh((2, 4, 2), AXES, axis_types=(AxisType.Auto,) * 3)
+    down = gather_steps(P(None, "tensor", ("data", "fsdp")), (3, 64, 32), mesh)
+    assert down == [P(None, ("tensor", "data", "fsdp"), None), P(None, "tensor", None)]
+    embed = gather_steps(P("tensor", "fsdp"), (512, 64), mesh)
+    assert embed == [P(("tensor", "fsdp"), None), P("tensor", None)]
+    assert gather_steps(P("fsdp", "tensor"), (64, 128), mesh) == [P(None, "tensor")]
+    # 12 rows do not divide over tensor x fsdp = 8: gathered where it is
+    assert gather_steps(P("tensor", "fsdp"), (12, 64), mesh) == [P("tensor", None)]
+    assert gather_steps(P(), (64,), mesh) == [P(None)]
