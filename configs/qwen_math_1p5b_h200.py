@@ -11,9 +11,15 @@ rounds of 32 prompts x 16 and eval calls of 16 prompts x 32 samples (KV cache); 
 groups per step in mini-batches of 32, packed micro-batches of 16 rows of 4096 tokens.
 
 Planner (python -m da3po_jax.plan, GiB): params 5.75, optimizer 11.50, grads 11.50, batch
-0.10, kv_cache 55.99, rollout_work 2.12, activations 48.31; rollout phase 58.10, train
-phase 59.81; peak 77.16 GiB = 54.7% of 141 GiB -> fits (usable 90%; on GPUs set
-XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
+0.10, kv_cache 56.00, rollout_work 2.12, activations 48.31, update_work 2.88; rollout
+phase 58.12, train phase 62.68; peak 80.03 GiB = 56.8% of 141 GiB -> fits (usable 90%;
+on GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX preallocates 75% by default).
+
+Compiled for one TPU chip (python -m da3po_jax.plan
+--config=configs/qwen_math_1p5b_h200.py --compile=v5p-2; jax 0.10.2, libtpu 0.0.42.1,
+2026-12-05), every program ok: compiled peak 80.43 GiB (the sampler), planned 78.53
+(-2.4%), but by phase the plan is high on the update (61.18 vs 36.48 GiB) and low on the
+rollout (58.02 vs 63.09): docs/memory.md.
 """
 
 import os

@@ -12,20 +12,17 @@ prompts x 32 samples (KV cache: 16 GiB chips); 128 groups per step in mini-batch
 packed micro-batches of 16 rows of 4096 tokens (2 per chip), logits in chunks of 512.
 
 Planner (python -m da3po_jax.plan, GiB per chip): params 0.72, optimizer 1.44, grads
-1.44, batch 0.01, gathered 0.87, kv_cache 7.00, rollout_work 0.25, activations 4.11;
-rollout phase 7.25, train phase 5.55; peak 10.29 GiB = 64.3% of 16 GiB -> fits (usable
-90%; the tightest of the recipes).
+1.44, batch 0.01, gathered 0.87, kv_cache 7.00, decode_weights 3.24, rollout_work 0.25,
+activations 4.11, update_work 1.23; rollout phase 10.49, train phase 6.78; peak 13.53 GiB
+= 84.5% of 16 GiB -> fits (usable 90%; the tightest of the recipes).
 
 Compiled for v5e-8 (python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py
---compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1): on 2026-12-03 the update compiled at 16.6
-GiB per chip and the sampler did not compile. Since then (2026-12-04): the donated KV cache
-stays in place (sampler temporaries 2.7 -> 0.9 GiB), activations are pinned to the batch
-axes (update temp 14.4 -> 12.2 GiB) and the layers are scanned (update temp 8.0 GiB,
-arguments 2.2 GiB, compile 151 s). The whole run re-compiled (2026-12-04, every program
-ok: update_packed 48 s, ds_round 4 s, sampler 61 s, eval_generate 69 s): compiled peak
-11.29 GiB per chip (set by the sampler: 7.72 GiB of arguments, 1.88 temp) -> FITS 16 GiB;
-planned 10.29 (-8.9%), though by component the planner is low on both phases (train 6.42
-vs 7.99, rollout 7.25 vs 9.11 GiB): docs/memory.md. Roofline (lower bound): 177 s/step.
+--compile=v5e-8; jax 0.10.2, libtpu 0.0.42.1, 2026-12-05), every program ok: compiled
+peak 12.88 GiB per chip (eval_generate: 7.72 GiB of arguments, mostly the KV cache, and
+3.46 of temporaries, mostly the gathered bf16 weights) -> fits 16 GiB; planned 13.53
+(+5.1%). Rollout phase compiled 10.69 / planned 10.49 GiB, train phase 6.53 / 7.65.
+Roofline (lower bound): 177 s/step. docs/memory.md has the history (the first compile,
+2026-12-03, did not fit).
 """
 
 import os

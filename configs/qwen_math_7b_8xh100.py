@@ -14,9 +14,17 @@ micro-batches of 16 rows of 4096 tokens (2 per GPU). configs/qwen_dapo_7b_8xh100
 DAPO's full response length on this node with Qwen2.5-7B.
 
 Planner (python -m da3po_jax.plan, GiB per GPU): params 3.55, optimizer 7.09, grads
-7.09, batch 0.01, gathered 2.03, kv_cache 27.99, rollout_work 1.12, activations 8.95;
-rollout phase 29.12, train phase 16.05; peak 41.80 GiB = 52.3% of 80 GiB -> fits (usable
-90%; also under JAX's default GPU preallocation of 75%).
+7.09, batch 0.01, gathered 2.03, kv_cache 28.00, decode_weights 15.96, rollout_work 1.12,
+activations 8.95, update_work 3.80; rollout phase 45.08, train phase 19.85; peak 57.77 GiB
+= 72.2% of 80 GiB -> fits (usable 90%; on GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION=.9, JAX
+preallocates 75% by default).
+
+Compiled for a TPU of the same chip count (python -m da3po_jax.plan
+--config=configs/qwen_math_7b_8xh100.py --compile=v5p-16; jax 0.10.2, libtpu 0.0.42.1,
+2026-12-05; a GPU cannot be compiled for without one), every program ok: compiled peak
+58.02 GiB per chip (eval_generate), planned 57.75 (-0.5%); rollout phase 47.33 / 45.06,
+train phase 19.93 / 21.69 GiB. With the planner's GPU terms (cuDNN's segment mask) the
+plan above is 57.77 GiB of 80.
 """
 
 import os

@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -56,14 +55,7 @@ GiB = 1024**3
 
 # Accelerator memory per chip (GiB): TPU v4 32, v5e 16, v5p 95, v6e (Trillium) 32,
 # NVIDIA H100 SXM 80, H200 141 (nominal marketing figures).
-DEVICE_GIB: dict[str, float] = {
-    "v4": 32,
-    "v5e": 16,
-    "v5p": 95,
-    "v6e": 32,
-    "h100": 80,
-    "h200": 141,
-}
+DEVICE_GIB: dict[str, float] = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "h100": 80, "h200": 141}
 
 # The JAX backend of each device kind (which kernel `model.attention = auto` resolves to).
 DEVICE_BACKEND: dict[str, str] = {"h100": "gpu", "h200": "gpu"} | {
@@ -574,62 +566,27 @@ def main(argv: list[str]) -> None:
     print(json.dumps(plan.to_dict(), indent=2) if F.json else plan.table())
 
 
-def compile_report(
-    config: Any,
-    name: str,
-    prompt_len: int | None = None,
-    progress=print,
-    only: Sequence[str] = (),
-) -> dict:
-    """Compiles every program of the run of `config` for the TPU topology `name` and
-    returns the report (`da3po_jax.compile.summary`): the programs' compiled memory and
-    cost per device, the run's compiled peak beside this planner's, and a roofline.
-    `only`: compile just these programs (the peak is then over those).
-
-    Raises:
-      ValueError: an unknown topology or a bad config field; RuntimeError: no libtpu.
-    """
+def compile_main(config: Any, name: str, prompt_len: int | None, as_json: bool, only=()) -> int:
+    """`--compile`: compiles every program of the run of `config` for the TPU topology
+    `name` (`da3po_jax.compile.compile_run`) and prints the report beside this plan
+    (progress on stderr); 1 when a program did not compile or the run cannot be built."""
     from da3po_jax import compile as aot
-    from da3po_jax.parallel.mesh import make_mesh
-
-    topo = aot.topology(name)
-    devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
-    s = plan_settings(config)
-    try:
-        shape = resolve_mesh_shape(s.mesh.shape, topo.chips)
-    except ValueError as e:
-        raise ValueError(f"config.{e}") from None
-    plan = plan_memory(
-        s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
-    )
-    tp = plan.info["prompt_len"]
-    mesh = make_mesh(shape, devices)
-    mc = policy_config(s)
-    progress(f"{topo.describe()}; mesh {shape}; attention {plan.info['attention']}")
-    a, programs = aot.run_programs(s, mc, mesh, prompt_len=tp, teacher_mc=teacher_config(s, mc))
-    programs = aot.select(programs, only)
-    lower_only = topo.platform == "cuda"
-    shapes = aot.parameter_shapes(a.params, a.teacher[1] if a.teacher else None)
-    compiled = aot.compile_all(
-        programs, topo.platform, mesh, progress, lower_only=lower_only, param_shapes=shapes
-    )
-    return aot.summary(s, mc, topo, mesh, a, compiled, plan)
-
-
-def compile_main(
-    config: Any, name: str, prompt_len: int | None, as_json: bool, only: Sequence[str] = ()
-) -> int:
-    """`--compile`: prints the report (progress on stderr); 1 when a program did not
-    compile or the run cannot be built."""
-    from da3po_jax.compile import print_report
 
     progress = functools.partial(print, file=sys.stderr, flush=True)
     try:
-        report = compile_report(config, name, prompt_len, progress=progress, only=only)
+        topo = aot.topology(name)
+        devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
+        s = plan_settings(config)
+        plan = plan_memory(
+            s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
+        )
+        mc = policy_config(s)
+        args = (s, topo, devices, plan, mc, teacher_config(s, mc), progress, tuple(only))
+        report = aot.compile_run(*args)
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    return print_report(report, as_json)
+    return aot.print_report(report, as_json)
 
 
 if __name__ == "__main__":

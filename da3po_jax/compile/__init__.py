@@ -12,6 +12,7 @@ from da3po_jax.compile.programs import Program, abstract_run, run_programs, sele
 from da3po_jax.compile.report import (
     Compiled,
     compile_all,
+    compile_run,
     parameter_shapes,
     print_report,
     summary,
@@ -31,6 +32,7 @@ __all__ = [
     "Topology",
     "abstract_run",
     "compile_all",
+    "compile_run",
     "devices_for",
     "known_topologies",
     "parameter_shapes",

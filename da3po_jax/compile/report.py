@@ -39,11 +39,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from da3po_jax.compile.programs import Abstract, Program, lowering_for
+from da3po_jax.compile.programs import Abstract, Program, lowering_for, run_programs, select
 from da3po_jax.compile.topology import Topology
 from da3po_jax.config import Settings
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.parallel.mesh import batch_size_divisor
+from da3po_jax.parallel.mesh import batch_size_divisor, make_mesh
 from da3po_jax.run.build import padded_update_flops, update_config
 from da3po_jax.update.policy_update import frozen_forwards
 
@@ -331,8 +331,7 @@ def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[
         "gathers_beyond_one_layer": [
             c.name
             for c in compiled
-            if c.largest_param_gather_bytes > bound
-            and not (whole_model_ok and c.name in _GENERATE)
+            if c.largest_param_gather_bytes > bound and not (whole_model_ok and c.name in _GENERATE)
         ],
     }
     return checks
@@ -378,6 +377,40 @@ def summary(
         "roofline": roofline(s, a, mc, topo, mesh) | {"label": "lower bound"},
         "checks": checks,
     }
+
+
+def compile_run(
+    s: Settings,
+    topo: Topology,
+    devices: Any,
+    plan: Any,
+    mc: ModelConfig,
+    teacher_mc: ModelConfig | None = None,
+    progress: Callable[[str], None] = print,
+    only: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Builds the run's programs on the topology's `devices` with the mesh and prompt
+    length of `plan` (`da3po_jax.plan.plan_memory` for the topology), compiles them (or
+    only lowers them for a GPU), and returns the report (`summary`). `only`: just these
+    programs (the peak is then over those)."""
+    mesh = make_mesh(tuple(plan.info["mesh"]), devices)
+    progress(
+        f"{topo.describe()}; mesh {tuple(mesh.axis_sizes)}; attention {plan.info['attention']}"
+    )
+    a, programs = run_programs(
+        s, mc, mesh, prompt_len=plan.info["prompt_len"], teacher_mc=teacher_mc
+    )
+    programs = select(programs, only)
+    shapes = parameter_shapes(a.params, a.teacher[1] if a.teacher else None)
+    compiled = compile_all(
+        programs,
+        topo.platform,
+        mesh,
+        progress,
+        lower_only=topo.platform == "cuda",
+        param_shapes=shapes,
+    )
+    return summary(s, mc, topo, mesh, a, compiled, plan)
 
 
 def table(report: dict[str, Any]) -> str:

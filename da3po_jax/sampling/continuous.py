@@ -43,7 +43,7 @@ from da3po_jax.models.transformer import KVCache, SlotCache
 from da3po_jax.parallel import BATCH_AXES
 from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.sampling.distribution import draw
-from da3po_jax.sampling.sampler import GenerateConfig, decode_weights, sample_keys, token_keys
+from da3po_jax.sampling.sampler import GenerateConfig, decoding_model, sample_keys, token_keys
 
 _TRACES = collections.Counter()  # traces (= compiles) of the jitted functions, by name
 
@@ -187,9 +187,7 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
       keys: [A] prompt keys.
     """
     _TRACES["admit_groups"] += 1
-    if gen.gather_weights:
-        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
-    model = nnx.merge(graphdef, state)
+    model = decoding_model(graphdef, state, gen)
     a, tb = tokens.shape
     g = gen.num_samples
     mask = jnp.arange(tb)[None, :] < lengths[:, None]
@@ -234,9 +232,7 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
 def decode_steps(graphdef, state, slots: Slots, *, gen: GenerateConfig, steps: int):
     """Up to `steps` decode steps of the running slots; returns (slots, steps run)."""
     _TRACES["decode_steps"] += 1
-    if gen.gather_weights:
-        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
-    model = nnx.merge(graphdef, state)
+    model = decoding_model(graphdef, state, gen)
     s, n = slots.tokens.shape
     cap, rows = slots.cache.max_len, jnp.arange(s)
 

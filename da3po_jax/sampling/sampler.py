@@ -283,6 +283,14 @@ def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
     return jax.lax.optimization_barrier(jax.tree_util.tree_map_with_path(one, state))
 
 
+def decoding_model(graphdef: nnx.GraphDef, state: nnx.State, gen: GenerateConfig) -> Transformer:
+    """The model a generate call decodes with: its weights through `decode_weights` when
+    `gen.gather_weights`."""
+    if gen.gather_weights:
+        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
+    return nnx.merge(graphdef, state)
+
+
 def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):
     """Runs the prompts once and copies their keys/values to each prompt's G rows.
 
@@ -382,9 +390,7 @@ def generate_with_cache(
       (SampleOutput, the cache to pass to the next call).
     """
     _TRACES[0] += 1
-    if config.gather_weights:
-        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
-    model = nnx.merge(graphdef, state)
+    model = decoding_model(graphdef, state, config)
     p, g, n = prompt_tokens.shape[0], config.num_samples, config.max_new_tokens
     prompt_mask = prompt_mask.astype(jnp.bool_)
     logits, cache = _prefill(model, cache, prompt_tokens, prompt_mask, g)
