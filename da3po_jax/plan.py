@@ -219,6 +219,11 @@ class _Run:
     device: str
     tp: int
 
+    @functools.cached_property
+    def params(self) -> Any:
+        """The policy's parameters as shapes (`abstract_params`), built once per plan."""
+        return abstract_params(self.mc)
+
     @property
     def batch_devs(self) -> int:
         return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -285,35 +290,37 @@ def _slot_bytes(r: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
     return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
 
 
+def _weight_bytes(r: _Run, mesh: AbstractMesh) -> tuple[int, int]:
+    """(the 2-D weights in the compute dtype, the rest in their own dtype): per-device
+    bytes of the policy's parameters split as the rules place them on `mesh`. The model
+    casts each 2-D weight to the compute dtype where it uses it."""
+    cast = rest = 0
+    for path, x in jax.tree_util.tree_leaves_with_path(r.params):
+        if x.ndim >= 2:
+            cast += sharded_nbytes(path, x.shape, r.cbytes, mesh)
+        else:
+            rest += sharded_nbytes(path, x.shape, x.dtype.itemsize, mesh)
+    return cast, rest
+
+
 def _decode_weights(r: _Run) -> int:
     """What a generate call holds of the weights when it reads its own gathered copy
     (`rollout.gather_weights`, `sampling.sampler.decode_weights`; more than one device):
-    every matrix in the compute dtype split over `tensor` only, plus each device's shard
-    of it cast to the compute dtype before the all-gather (XLA casts them all before the
-    gathers it overlaps), both alive while the call runs; vectors in their own dtype."""
+    the weights gathered over data x fsdp (2-D ones in the compute dtype, split over
+    `tensor` only), plus each device's shard cast to the compute dtype before the
+    all-gather (XLA casts them all before the gathers it overlaps)."""
     if not r.s.rollout.gather_weights or r.mesh.size == 1:
         return 0
-    tensor_only = abstract_mesh((1, 1, r.mesh.shape["tensor"]))
-    total = 0
-    for path, x in jax.tree_util.tree_leaves_with_path(abstract_params(r.mc)):
-        if x.ndim < 2:
-            total += sharded_nbytes(path, x.shape, x.dtype.itemsize, tensor_only)
-            continue
-        total += sharded_nbytes(path, x.shape, r.cbytes, tensor_only)
-        total += sharded_nbytes(path, x.shape, r.cbytes, r.mesh)
-    return total
+    gathered = sum(_weight_bytes(r, abstract_mesh((1, 1, r.mesh.shape["tensor"]))))
+    return gathered + _weight_bytes(r, r.mesh)[0]
 
 
 def _rollout_phase(r: _Run) -> dict[str, int]:
     """The larger of the rollout and eval caches with its work buffers, and the rows and
     slots of each (the continuous engine's slots serve rollout and eval alike)."""
     s = r.s
-    g, tn, eval_g, eval_tn = (
-        s.rollout.group_size,
-        s.rollout.max_new_tokens,
-        s.eval.num_samples,
-        s.eval_max_new_tokens,
-    )
+    g, tn = s.rollout.group_size, s.rollout.max_new_tokens
+    eval_g, eval_tn = s.eval.num_samples, s.eval_max_new_tokens
     if s.rollout.engine == "continuous":
         roll, ev = _slot_bytes(r, g, tn), _slot_bytes(r, eval_g, eval_tn)
         rows = {"rollout_rows": s.rollout.slots, "eval_rows": s.rollout.slots}
@@ -324,6 +331,7 @@ def _rollout_phase(r: _Run) -> dict[str, int]:
     kv, work, _ = roll if roll[0] >= ev[0] else ev
     return {
         "kv_cache": kv,
+        "decode_weights": _decode_weights(r),
         "rollout_work": work,
         "rollout_slots": roll[2],
         "eval_slots": ev[2],
@@ -352,20 +360,17 @@ def _train_phase(r: _Run) -> dict[str, int]:
     # log-probs, entropies, loss terms and their gradients the loss reads back
     pack_work = 12 * _div(mb_rows, r.batch_devs) * (r.tp + tn) * 4 if s.rl.packing else 0
     activations = int(saved + logits_block + 2 * b * seq * h * 4 + pack_work)
-    return {"activations": activations, "micro_rows": micro_rows, "b": b, "seq": seq}
+    shape = {"micro_rows": micro_rows, "b": b, "seq": seq}
+    return {"activations": activations, "update_work": _update_work(r)} | shape
 
 
 def _update_work(r: _Run) -> int:
-    """Buffers of the update besides gradients and activations, both exact from the
-    sharding rules: each device's matrices cast to the compute dtype (XLA hoists the casts
-    out of the micro-batch loop when the parameter dtype differs), and under FSDP the
-    unembedding's gradient in the parameter dtype unsharded over fsdp (every device forms
-    the gradient of the gathered weight before its reduce-scatter), split over tensor."""
-    mc, work = r.mc, 0
-    if mc.param_dtype != mc.dtype:
-        for path, x in jax.tree_util.tree_leaves_with_path(abstract_params(mc)):
-            if x.ndim >= 2:
-                work += sharded_nbytes(path, x.shape, r.cbytes, r.mesh)
+    """The update's other buffers (exact): each device's 2-D weights cast to the compute
+    dtype (XLA hoists the casts out of the micro-batch loop), and under FSDP the
+    unembedding's gradient whole over fsdp (each device forms the gradient of the
+    gathered weight before its reduce-scatter), split over tensor."""
+    mc = r.mc
+    work = _weight_bytes(r, r.mesh)[0] if mc.param_dtype != mc.dtype else 0
     if r.mesh.shape["fsdp"] > 1:
         vocab = _div(mc.vocab_size, r.mesh.shape["tensor"])
         work += vocab * mc.hidden_size * _BYTES[mc.param_dtype]
@@ -376,7 +381,7 @@ def _resident(r: _Run) -> dict[str, Any]:
     """Exact bytes from the sharding rules: parameters, optimizer state, gradients, the
     reference and teacher copies; and the batch buffers and FSDP all-gathers."""
     s, mc = r.s, r.mc
-    params_abs = abstract_params(mc)
+    params_abs = r.params
     params = tree_nbytes(params_abs, r.mesh)
     tx, _ = make_optimizer(s.optim, max(s.train.steps, 1))
     teacher, teacher_name = 0, s.teacher.path or s.teacher.preset
@@ -491,11 +496,9 @@ def plan_memory(
     mc = policy_config(s)
     r = _Run(s, abstract_mesh(shape), mc, device, int(prompt_len or max(s.rollout.prompt_buckets)))
     res, roll, train = _resident(r), _rollout_phase(r), _train_phase(r)
-    roll["decode_weights"] = _decode_weights(r)
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
     resident += res["gathered"]
     rollout_phase = roll["kv_cache"] + roll["decode_weights"] + roll["rollout_work"]
-    train["update_work"] = _update_work(r)
     train_phase = res["grads"] + train["activations"] + train["update_work"]
     peak = resident + max(rollout_phase, train_phase)
     info = _info(r, res, roll, train)

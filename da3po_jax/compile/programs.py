@@ -50,6 +50,10 @@ from da3po_jax.sampling.sampler import (
 from da3po_jax.update import PackConfig, PackPlan, PolicyUpdate
 from da3po_jax.update.state import TrainState, make_optimizer
 
+# the programs that generate (static and continuous engines): each reads its own gathered
+# copy of the weights with `rollout.gather_weights` (`sampling.sampler.decode_weights`)
+GENERATE_PROGRAMS = ("sampler", "eval_generate", "admit_groups", "decode_steps")
+
 
 @dataclasses.dataclass(frozen=True)
 class Program:

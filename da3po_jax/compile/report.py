@@ -39,7 +39,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from da3po_jax.compile.programs import Abstract, Program, lowering_for, run_programs, select
+from da3po_jax.compile.programs import (
+    GENERATE_PROGRAMS,
+    Abstract,
+    Program,
+    lowering_for,
+    run_programs,
+    select,
+)
 from da3po_jax.compile.topology import Topology
 from da3po_jax.config import Settings
 from da3po_jax.models.config import ModelConfig
@@ -314,14 +321,10 @@ def _components(s, compiled, resident, plan, lowered_only) -> dict[str, dict[str
     return components
 
 
-# the programs that generate: with `rollout.gather_weights` they gather the whole model once
-# per call by design (`sampling.sampler.decode_weights`), which the one-layer check skips
-_GENERATE = ("sampler", "eval_generate", "admit_groups", "decode_steps")
-
-
 def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[str, Any]:
     """Involuntary full rematerializations and parameter all-gathers larger than one layer
-    (in the generate programs too unless they gather the whole model by design)."""
+    (in the generate programs too unless they gather the whole model by design,
+    `GENERATE_PROGRAMS` with `rollout.gather_weights`)."""
     checks = {
         "full_remats": {c.name: c.full_remats for c in compiled if c.full_remats},
         "one_layer_bytes": bound,
@@ -331,7 +334,8 @@ def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[
         "gathers_beyond_one_layer": [
             c.name
             for c in compiled
-            if c.largest_param_gather_bytes > bound and not (whole_model_ok and c.name in _GENERATE)
+            if c.largest_param_gather_bytes > bound
+            and not (whole_model_ok and c.name in GENERATE_PROGRAMS)
         ],
     }
     return checks

@@ -286,9 +286,10 @@ def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
 def decoding_model(graphdef: nnx.GraphDef, state: nnx.State, gen: GenerateConfig) -> Transformer:
     """The model a generate call decodes with: its weights through `decode_weights` when
     `gen.gather_weights`."""
-    if gen.gather_weights:
-        state = decode_weights(state, nnx.merge(graphdef, state).cfg)
-    return nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state)
+    if not gen.gather_weights:
+        return model
+    return nnx.merge(graphdef, decode_weights(state, model.cfg))
 
 
 def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):
