@@ -76,6 +76,14 @@ def get_config() -> config_dict.ConfigDict:
     # distribution mu differ from the temperature-1 policy, each token's loss is weighted by
     # min(pi_old / mu, tis_cap); 0 = off. Not applied when the two coincide.
     c.rollout.tis_cap = 2.0
+    # Partial rollouts (continuous engine): optimizer steps a group may stay in flight,
+    # generating under newer weights, before dynamic sampling judges it; 0 = every group
+    # admitted in a step finishes in it. > 0 trains with the decoupled objective (clip
+    # against the step's weights, importance weight behaviour -> them capped at tis_cap).
+    c.rollout.max_staleness = 0
+    # keys/values of a response carried into a new step: keep (stale) | recompute (prefill
+    # prompt + generated prefix under the new weights; the cache is freed for the update)
+    c.rollout.partial_kv = "keep"
 
     c.rl = config_dict.ConfigDict()
     c.rl.train_prompts = 16  # groups per optimizer step batch

@@ -83,6 +83,8 @@ FIELD_CHECKS: dict[str, Check] = {
     "rollout.steps_per_call": _positive,
     "rollout.attention_block": _positive,
     "rollout.tis_cap": lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
+    "rollout.max_staleness": _non_negative,
+    "rollout.partial_kv": _choice("keep", "recompute"),
     "rl.train_prompts": _positive,
     "rl.mini_batch_prompts": _positive,
     "rl.micro_batch_prompts": _non_negative,
@@ -221,10 +223,30 @@ def _check_batch_shapes(s: Settings) -> None:
             f"config.rollout.slots={s.rollout.slots} must be >= {samples} (one group: "
             "rollout.group_size and eval.num_samples samples)"
         )
+    _check_partial(s)
     if s.overlong.buffer > s.rollout.max_new_tokens:
         raise ValueError(
             f"config.overlong.buffer={s.overlong.buffer} exceeds "
             f"config.rollout.max_new_tokens={s.rollout.max_new_tokens}"
+        )
+
+
+def _check_partial(s: Settings) -> None:
+    """Partial rollouts need a slot engine and the behaviour correction of the decoupled
+    objective (docs/algorithms.md, "Partial rollouts")."""
+    r = s.rollout
+    if not r.max_staleness:
+        return
+    if not ENGINES.get(r.engine).uses_slots:
+        raise ValueError(
+            f"config.rollout.max_staleness={r.max_staleness} needs a slot engine "
+            f"(rollout.engine='continuous'), not rollout.engine={r.engine!r}"
+        )
+    if not r.tis_cap:
+        raise ValueError(
+            f"config.rollout.max_staleness={r.max_staleness} trains with the decoupled "
+            "objective, whose behaviour weight is capped at rollout.tis_cap: set it >= 1, "
+            "not 0"
         )
 
 

@@ -88,6 +88,8 @@ def resolve_settings(config: Any, *, inputs: bool = True) -> Settings:
 ADDED_FIELDS: dict[str, Any] = {
     "model.decode_attention": "auto",
     "rollout.gather_weights": True,
+    "rollout.max_staleness": 0,
+    "rollout.partial_kv": "keep",
 }
 
 

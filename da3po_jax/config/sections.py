@@ -78,6 +78,8 @@ class RolloutSettings:
     top_k: int
     logp_old: str
     tis_cap: float
+    max_staleness: int
+    partial_kv: str
 
     @property
     def buckets(self) -> tuple[int, ...]:

@@ -106,8 +106,10 @@ class Settings:
     # ------------------------------------------------------- the rl/ math's own configs
     def loss_config(self) -> LossConfig:
         """The loss settings; truncated importance sampling (`rollout.tis_cap`) is on only
-        when the rollout distribution differs from the policy the ratio is taken against."""
-        tis_cap = 0.0 if self.rollout.exact else float(self.rollout.tis_cap)
+        when the rollout distribution differs from the policy the ratio is taken against:
+        sampling is not exact, or partial rollouts sample with older weights."""
+        r = self.rollout
+        tis_cap = 0.0 if r.exact and not r.max_staleness else float(r.tis_cap)
         return LossConfig(**dataclasses.asdict(self.loss), tis_cap=tis_cap)
 
     def advantage_config(self) -> AdvantageConfig:

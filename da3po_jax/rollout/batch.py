@@ -39,6 +39,9 @@ class GroupBatch:
       history: the prompt's decayed success / failure counts ([N] each) as known when the
         group was *generated* (history estimator), so a group carried over in the
         dynamic-sampling surplus never sees its own counts. None: not tracked.
+      version: [N, G, Tn] int32 policy version (optimizer steps of the weights) that
+        sampled each token; only with partial rollouts (`rollout.max_staleness > 0`),
+        None otherwise.
     """
 
     prompt_tokens: jax.Array
@@ -53,14 +56,21 @@ class GroupBatch:
     prompt_index: jax.Array
     logp_sample: jax.Array | None = None
     history: PromptHistory | None = None
+    version: jax.Array | None = None
 
     @classmethod
     def zeros(
-        cls, num_groups: int, group_size: int, prompt_len: int, max_new_tokens: int
+        cls,
+        num_groups: int,
+        group_size: int,
+        prompt_len: int,
+        max_new_tokens: int,
+        *,
+        versions: bool = False,
     ) -> GroupBatch:
         """A zero-filled batch of these shapes, every field present (the shapes a rollout
-        engine produces): the template of empty dynamic-sampling buffers and of the
-        memory planner's count."""
+        engine produces; `version` only with `versions`, partial rollouts): the template
+        of empty dynamic-sampling buffers and of the memory planner's count."""
         n, g, tp, tn = num_groups, group_size, prompt_len, max_new_tokens
         z = lambda *s, dt=jnp.float32: jnp.zeros(s, dt)  # noqa: E731
         return cls(
@@ -76,6 +86,7 @@ class GroupBatch:
             prompt_index=z(n, dt=jnp.int32),
             logp_sample=z(n, g, tn),
             history=PromptHistory(z(n), z(n)),
+            version=z(n, g, tn, dt=jnp.int32) if versions else None,
         )
 
     @classmethod

@@ -140,6 +140,27 @@ def add_finished(buffer: DSBuffer, items: GroupBatch, valid: jax.Array, rule: Ke
     return buffer, surplus, keep, mu
 
 
+def staleness_metrics(items: GroupBatch, valid, version: int, engine) -> dict[str, float]:
+    """How stale the batch trained at weights `version` is (partial rollouts): the share
+    of its response tokens sampled `k` versions earlier, `stale/token_lag_k` for k = 0 ..
+    max_staleness and `stale/token_lag_over` beyond (groups judged in an earlier step and
+    carried in the dynamic-sampling surplus); `stale/max_lag`; `stale/mixed_groups`, the
+    share of its groups whose tokens come from more than one version; and
+    `stale/in_flight`, the prompts the engine carries into the next step."""
+    mask = to_host(items.response_mask) & to_host(valid)[:, None, None]
+    lag = np.where(mask, version - to_host(items.version), -1)
+    total, top = max(int(mask.sum()), 1), engine.max_staleness
+    out = {f"stale/token_lag_{k}": float((lag == k).sum() / total) for k in range(top + 1)}
+    out["stale/token_lag_over"] = float((lag > top).sum() / total)
+    out["stale/max_lag"] = float(lag.max(initial=0))
+    newest = np.where(mask, -lag, np.iinfo(np.int32).min).max(axis=(1, 2))
+    oldest = np.where(mask, -lag, np.iinfo(np.int32).max).min(axis=(1, 2))
+    groups = mask.any(axis=(1, 2))
+    out["stale/mixed_groups"] = float((groups & (newest > oldest)).sum() / max(groups.sum(), 1))
+    out["stale/in_flight"] = float(engine.in_flight())
+    return out
+
+
 def jitted_add_finished():
     """`add_finished` jitted as the collector runs it (the keep rule static); one per
     collector, so its compile count is the collector's."""
@@ -173,7 +194,9 @@ class Collector:
     def initial_carry(self, num_prompts: int) -> RLCarry:
         """An empty surplus, a fresh prior and a zero table for `num_prompts` prompts."""
         e = self.engine
-        like = GroupBatch.zeros(1, e.group_size, e.prompt_len, e.max_new_tokens)
+        like = GroupBatch.zeros(
+            1, e.group_size, e.prompt_len, e.max_new_tokens, versions=e.max_staleness > 0
+        )
         carry = RLCarry(
             surplus=ds_empty_buffer(like, e.max_in_flight),
             prior=init_prior_state(),
@@ -182,17 +205,23 @@ class Collector:
         # committed like the arrays the steps put back (an uncommitted input compiles anew)
         return jax.device_put(carry, replicated(self.mesh) if self.mesh else jax.devices()[0])
 
-    def collect(self, params, carry: RLCarry, key: jax.Array) -> tuple[Collected, RLCarry]:
+    def collect(
+        self, params, carry: RLCarry, key: jax.Array, version: int = 0
+    ) -> tuple[Collected, RLCarry]:
         """Dynamic sampling as a stream: while the batch lacks kept groups and fewer than
         `max_prompts` prompts were admitted, admits as many new prompts as the engine has
         room for (the step's j-th prompt sampled with the key fold_in(key, j),
         `sampling.prompt_keys`), and adds finished groups as they come back, until the
-        engine has nothing in flight. Groups still in flight when the batch fills finish
-        and go to the next step's surplus, so nothing generated is thrown away (the
-        pending buffer has room for the engine's `max_in_flight` groups beyond the batch).
+        engine has nothing in flight that is due in this step (`overdue`). Groups in
+        flight when the batch fills finish and go to the next step's surplus, so nothing
+        generated is thrown away (the pending buffer has room for the engine's
+        `max_in_flight` groups beyond the batch); with partial rollouts only the overdue
+        ones do, and the others go on generating in the next step.
+
+        `params` are policy version `version` (the optimizer steps they have taken).
         Returns the batch and the new carry."""
         cfg, engine = self.config, self.engine
-        engine.sync_weights(params)
+        engine.sync_weights(params, version)
         pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + engine.max_in_flight)
         pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
         stats = RoundStats(cfg.max_prompts)
@@ -207,6 +236,8 @@ class Collector:
                 continue
             if not engine.in_flight():
                 break
+            if count >= cfg.capacity and not engine.overdue(version):
+                break  # the rest goes on in the next step (partial rollouts)
             done = engine.finished()
             for groups in done:
                 pending = self._add(carry, groups, pending, stats, outcomes)
@@ -221,6 +252,8 @@ class Collector:
         metrics = stats.summary(
             admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
         )
+        if engine.max_staleness:
+            metrics.update(staleness_metrics(batch.items, batch.valid, version, engine))
         return Collected(batch.items, batch.valid, outcomes, metrics), carry
 
     def _add(self, carry, groups: ScoredGroups, pending, stats: RoundStats, outcomes: list):

@@ -8,6 +8,14 @@ decode calls) and returns the groups whose scoring is done, packed in batches of
 than S / G are in flight when the slots are full: the engine holds at most 4 x S / G
 prompts, which bounds the dynamic-sampling surplus.
 
+Partial rollouts (`max_staleness` > 0): `release` keeps the rows in flight (their keys
+and values too with `partial_kv="keep"`; with `"recompute"` it frees the cache, and the
+next `sync_weights` of a new version prefills every row in flight anew), and a group may
+stay in flight for up to `max_staleness` optimizer steps: `overdue(version)` counts the
+groups admitted at a version <= `version - max_staleness`, which the collector waits for
+before it ends the step (docs/algorithms.md, "Partial rollouts"). The returned batches
+then carry each token's policy version (`GroupBatch.version`).
+
 One process only: the slots, their host bookkeeping and the scoring live on it.
 """
 
@@ -44,6 +52,9 @@ class ContinuousEngine:
       index_of: dataset index of a problem id (-1 for others; the history estimator).
       mesh: returned batches are split over its batch axes. None: one device.
       max_in_flight: prompts held at once at most (`max_in_flight_for`).
+      max_staleness: optimizer steps a group may stay in flight (0: every group admitted
+        in a step finishes in it).
+      partial_kv: `"keep"` or `"recompute"` the keys/values of rows carried into a step.
     """
 
     uses_slots = True
@@ -58,6 +69,8 @@ class ContinuousEngine:
         mesh: Mesh | None = None,
         *,
         max_in_flight: int,
+        max_staleness: int = 0,
+        partial_kv: str = "keep",
     ):
         if jax.process_count() > 1:
             raise ValueError(
@@ -70,10 +83,14 @@ class ContinuousEngine:
         self.group_size, self.prompt_len = g, prompt_len
         self.max_new_tokens = decoder.gen.max_new_tokens
         self.max_in_flight = max_in_flight
+        if partial_kv not in ("keep", "recompute"):
+            raise ValueError(f"partial_kv={partial_kv!r}: expected 'keep' or 'recompute'")
+        self.max_staleness, self.partial_kv = max_staleness, partial_kv
         self.return_size = max(1, s // g)
         self._params = None
         self._in_flight = 0
-        self._scoring: collections.deque[futures.Future] = collections.deque()
+        # finished groups being scored: (future, their admission versions)
+        self._scoring: collections.deque[tuple[futures.Future, list[int]]] = collections.deque()
         self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="da3po-scoring")
         self._rollout_s = 0.0  # wall time in `finished` not yet reported
 
@@ -97,6 +114,8 @@ class ContinuousEngine:
             max_in_flight=cls.max_in_flight_for(
                 parts.round_size, parts.slots, parts.gen.num_samples
             ),
+            max_staleness=parts.max_staleness,
+            partial_kv=parts.partial_kv,
         )
 
     @staticmethod
@@ -105,8 +124,15 @@ class ContinuousEngine:
         S / G are in flight when the slots are full."""
         return 4 * max(1, slots // group_size)
 
-    def sync_weights(self, params) -> None:
+    def sync_weights(self, params, version: int = 0) -> None:
+        """Generation goes on with `params`, policy version `version`; with
+        `partial_kv="recompute"` the rows carried from an older version are prefilled
+        anew under them."""
         self._params = params
+        changed = version != self.decoder.version
+        self.decoder.set_version(version)
+        if changed and self.partial_kv == "recompute" and self.decoder.live_groups():
+            self.decoder.refill(params)
 
     def capacity(self) -> int:
         return max(0, min(self.decoder.free_groups(), self.max_in_flight - self._in_flight))
@@ -119,6 +145,16 @@ class ContinuousEngine:
     def in_flight(self) -> int:
         return self._in_flight
 
+    def overdue(self, version: int) -> int:
+        """Prompts in flight admitted at a version <= `version - max_staleness` (all of
+        them when it is 0): those must come back within the step of weights `version`."""
+        if not self.max_staleness:
+            return self._in_flight
+        limit = version - self.max_staleness
+        live = sum(gr.start_version <= limit for gr in self.decoder.live_groups())
+        scoring = sum(v <= limit for _, starts in self._scoring for v in starts)
+        return live + scoring
+
     def finished(self) -> list[ScoredGroups]:
         if not self._in_flight:
             return []
@@ -128,12 +164,13 @@ class ContinuousEngine:
         if self.decoder.busy():
             groups = self.decoder.step(self._params)
             if groups:
-                self._scoring.append(self._pool.submit(self._score, groups))
+                starts = [gr.start_version for gr in groups]
+                self._scoring.append((self._pool.submit(self._score, groups), starts))
         elif self._scoring:
-            futures.wait([self._scoring[0]])
+            futures.wait([self._scoring[0][0]])
         ready = []
-        while self._scoring and self._scoring[0].done():
-            ready.extend(self._pack(*self._scoring.popleft().result()))
+        while self._scoring and self._scoring[0][0].done():
+            ready.extend(self._pack(*self._scoring.popleft()[0].result()))
         self._rollout_s += time.perf_counter() - t0
         if ready:
             ready[0].scores.seconds["rollout"] = self._rollout_s
@@ -142,10 +179,20 @@ class ContinuousEngine:
         return ready
 
     def release(self) -> None:
-        """Frees the slots; work still in flight (only after an error) is abandoned."""
-        for f in self._scoring:
+        """Frees the slots; work still in flight (only after an error) is abandoned. With
+        partial rollouts the groups in flight are kept for the next step (with
+        `partial_kv="recompute"` without their keys/values)."""
+        if self.max_staleness and self._in_flight:
+            if self.partial_kv == "recompute":
+                self.decoder.drop_cache()
+            return
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Frees the slots and abandons whatever is in flight."""
+        for f, _ in self._scoring:
             f.cancel()
-        futures.wait(self._scoring)  # the scorer is free again before anyone else uses it
+        futures.wait([f for f, _ in self._scoring])  # the scorer is free before anyone reuses it
         self._scoring.clear()
         self._in_flight = 0
         self.decoder.clear()
@@ -202,4 +249,6 @@ class ContinuousEngine:
         )
         index = np.asarray([self.index_of.get(p.id, -1) for p in problems], np.int32)
         batch = GroupBatch.from_samples(ptok, pmask, samples, rewards, correct, index)
+        if self.max_staleness:
+            batch = batch.replace(version=stack("version"))
         return shard_batch(batch, self.mesh) if self.mesh is not None else jax.device_put(batch)

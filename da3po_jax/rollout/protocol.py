@@ -3,15 +3,20 @@
 The collector (`rollout/collector.py`) and evaluation talk to an engine through these calls
 and never look inside it:
 
-- `sync_weights(params)`: the policy parameters for the generations that follow;
+- `sync_weights(params, version)`: the policy parameters for the generations that follow,
+  and their version (optimizer steps taken; what partial rollouts record per token);
 - `capacity()`: how many more prompts it takes now (0 while it is full);
 - `admit(problems, keys)`: queues prompts, G samples each, prompt i drawn with `keys[i]`
   (`sampling.prompt_keys`: the samples of a prompt depend on its key only);
 - `in_flight()`: prompts admitted and not yet returned;
+- `overdue(version)`: of those, the prompts that must come back before the step of
+  weights `version` ends (all of them unless the engine carries groups across steps:
+  `max_staleness > 0`, see docs/algorithms.md, "Partial rollouts");
 - `finished()`: advances generation and returns the groups done since the last call,
   generated and scored, as `ScoredGroups` (possibly none while work is in flight; blocks
   while nothing is ready to return);
-- `release()`: frees generation memory (KV caches) before the update;
+- `release()`: frees generation memory (KV caches) before the update (an engine carrying
+  groups to the next step keeps their state);
 
 and `max_in_flight`, the most prompts it holds at once (what the dynamic-sampling buffer
 makes room for beyond the batch). Every engine returns batches of one fixed size (padded,
@@ -48,14 +53,17 @@ class RolloutEngine(Protocol):
     prompt_len: int  # the padded prompt length of the groups it returns
     max_new_tokens: int
     max_in_flight: int
+    max_staleness: int  # steps a group may stay in flight (0: none outlives its step)
 
-    def sync_weights(self, params) -> None: ...
+    def sync_weights(self, params, version: int = 0) -> None: ...
 
     def capacity(self) -> int: ...
 
     def admit(self, problems: Sequence[MathProblem], keys: jax.Array) -> None: ...
 
     def in_flight(self) -> int: ...
+
+    def overdue(self, version: int) -> int: ...
 
     def finished(self) -> list[ScoredGroups]: ...
 
@@ -77,6 +85,8 @@ class EngineParts:
       mesh: batches are split over its batch axes; None: one device.
       slots, steps_per_call, attention_block: the decode slots of a slot engine (S, K
         decode steps per jitted call, keys per decode-attention block).
+      max_staleness, partial_kv: partial rollouts of a slot engine (`rollout.*`; 0: every
+        group admitted in a step finishes in it).
     """
 
     graphdef: Any
@@ -91,3 +101,5 @@ class EngineParts:
     slots: int
     steps_per_call: int
     attention_block: int
+    max_staleness: int = 0
+    partial_kv: str = "keep"

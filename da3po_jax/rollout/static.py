@@ -54,6 +54,7 @@ class StaticEngine:
     """
 
     uses_slots = False
+    max_staleness = 0  # every round comes back whole within its step
 
     def __init__(
         self,
@@ -93,7 +94,7 @@ class StaticEngine:
         """One round."""
         return round_size
 
-    def sync_weights(self, params) -> None:
+    def sync_weights(self, params, version: int = 0) -> None:
         self._params = params
 
     def capacity(self) -> int:
@@ -106,6 +107,9 @@ class StaticEngine:
 
     def in_flight(self) -> int:
         return sum(len(p) for p, _ in self._queue)
+
+    def overdue(self, version: int) -> int:
+        return self.in_flight()
 
     def finished(self) -> list[ScoredGroups]:
         if not self._queue:

@@ -48,7 +48,8 @@ def update_config(s: Settings) -> UpdateConfig:
         adv=s.advantage_config(),
         daa=s.daa_config(),
         overlong=s.overlong_config(),
-        recompute_logp_old=s.rollout.logp_old == "recompute",
+        # partial rollouts: the proximal policy is the step's weights (decoupled objective)
+        recompute_logp_old=s.rollout.logp_old == "recompute" or s.rollout.max_staleness > 0,
         opd=s.opd_config(),
         ra_opd=s.ra_opd_config(),
         pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if s.rl.packing else None,
@@ -82,9 +83,12 @@ def make_engine(
     problems: Sequence[MathProblem],
     round_size: int,
     index_of: dict[str, int] | None = None,
+    *,
+    training: bool = False,
 ) -> RolloutEngine:
     """The configured engine (`rollout.engine`) for groups of `problems` (their longest
-    prompt sets the prompt length); `round_size` prompts per call of a round engine."""
+    prompt sets the prompt length); `round_size` prompts per call of a round engine.
+    Only `training`'s engine carries groups across steps (`rollout.max_staleness`)."""
     r = ctx.settings.rollout
     parts = EngineParts(
         graphdef=graphdef,
@@ -99,6 +103,8 @@ def make_engine(
         slots=r.slots,
         steps_per_call=r.steps_per_call,
         attention_block=r.attention_block,
+        max_staleness=r.max_staleness if training else 0,
+        partial_kv=r.partial_kv,
     )
     return build_engine(r.engine, parts)
 
@@ -145,7 +151,9 @@ def build_trainer(
     )
     gen, eval_gen = generate_configs(s, ctx.tokenizer)
     index_of = {p.id: i for i, p in enumerate(ctx.data.train)}
-    engine = make_engine(ctx, graphdef, model.cfg, gen, ctx.data.train, s.round_size, index_of)
+    engine = make_engine(
+        ctx, graphdef, model.cfg, gen, ctx.data.train, s.round_size, index_of, training=True
+    )
     # every host walks the same global stream; each feeds its rows of every batch
     iterator = PromptIterator(ctx.data.train, seed=s.seed)
     collector = Collector(engine, iterator, collect_config(s), mesh)

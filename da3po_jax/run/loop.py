@@ -75,8 +75,13 @@ class RLTrainer:
         t0 = time.perf_counter()
         rng, key = jax.random.split(self.state.rng)
         self.state = self.state.replace(rng=rng)
-        collected, self.carry = self.collector.collect(self.state.params, self.carry, key)
-        self.collector.engine.release()  # no KV cache during the update (as plan.py counts)
+        version = int(self.state.step)  # the policy version partial rollouts record
+        collected, self.carry = self.collector.collect(
+            self.state.params, self.carry, key, version
+        )
+        # no KV cache during the update (as plan.py counts), unless partial rollouts keep
+        # the rows in flight with their keys/values (rollout.partial_kv="keep")
+        self.collector.engine.release()
         t1 = time.perf_counter()
         prior = self.collector.prior(self.carry)
         self.state, update_metrics = self.update(
@@ -129,6 +134,14 @@ class RLTrainer:
         step = int(self.state.step)
         if step != self._saved_step:
             self._saved_step = step
+            carried = self.collector.engine.in_flight()
+            if carried:
+                log.warning(
+                    "checkpoint at step %d: the %d prompts in flight (partial rollouts) are "
+                    "not in it; a run resumed from it goes on without them",
+                    step,
+                    carried,
+                )
             host = {
                 "data": self.collector.iterator.state.to_dict(),
                 "config": self.settings.fingerprint(),

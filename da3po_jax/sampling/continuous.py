@@ -1,22 +1,20 @@
 """Continuous batching: S decode slots kept busy by admitting new groups as rows finish.
 
-The device holds `Slots`: one `SlotCache` row per slot plus per-slot state (its sample
-key, KV length, tokens generated, running / stopped flags and its output buffers). Three
-jitted functions of fixed shapes act on it, each donating it (updated in place):
-
-- `admit_groups`: prefills A right-padded prompts **once** (their keys/values are the
-  same for every sample) and copies each prompt's keys/values into the G slots its samples
-  take, then draws every sample's first token from the prompt's last logits. Padding
-  admissions target slot index S (every write is dropped).
-- `decode_steps`: up to K decode steps of every running slot (one token each): the token is
-  fed at its own position, its keys/values written at the slot's own length, attention
-  runs over that slot's live keys only (`decode_attention`, bounded by the longest live
-  slot), and the loop exits early once no slot runs.
-- `read_rows`: the output rows of H slots, for the host to collect.
+The device holds `Slots` (`slots.py`): one `SlotCache` row per slot plus per-slot state
+(its sample key, KV length, tokens generated, running / stopped flags and its output
+buffers), acted on by jitted functions of fixed shapes (admission, K decode steps, read
+back, refill).
 
 `SlotDecoder` is the host loop: it queues prompts, admits a group whenever G slots are
 free, runs decode calls, and hands back every group whose G rows have all finished. The
 slots of a finished row are free again at once, whatever its group's other rows do.
+
+Partial rollouts: the decoder's weights may change between calls (`set_version` names the
+new policy version). Rows in flight go on under the new weights; every token records the
+version that sampled it (`FinishedGroup.version`, kept on the host as the step at which
+each version began for each row). Their keys/values are kept as they are, or computed
+anew under the new weights (`refill`); `drop_cache` frees the cache meanwhile (the next
+call allocates it again and must be preceded by a `refill`).
 
 Randomness is the static sampler's (`sampler.py`): sample g of a prompt with key k draws
 token t with fold_in(fold_in(k, g), t), so both engines give the same tokens for the same
@@ -29,254 +27,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from flax import nnx
+from jax.sharding import Mesh
 
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.models.transformer import KVCache, SlotCache
-from da3po_jax.parallel import BATCH_AXES
 from da3po_jax.parallel.mesh import batch_size_divisor
-from da3po_jax.sampling.distribution import draw
-from da3po_jax.sampling.sampler import GenerateConfig, decoding_model, sample_keys, token_keys
-
-_TRACES = collections.Counter()  # traces (= compiles) of the jitted functions, by name
-
-
-def trace_counts() -> dict[str, int]:
-    """How many times each jitted function of this module has been traced."""
-    return dict(_TRACES)
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotConfig:
-    """Shapes of a slot decoder (static: a new value compiles anew).
-
-    Attributes:
-      slots: S, rows decoded together.
-      prompt_len: Tp, the longest prompt (tokens) it admits.
-      steps_per_call: K, decode steps per jitted call (host bookkeeping between calls).
-      block: keys per attention block (the cache length is a multiple of it).
-      admit_prompts: A, prompts prefilled per admission call (default S // G).
-      read_rows: H, finished rows read back per call (default max(G, S // 8)).
-    """
-
-    slots: int
-    prompt_len: int
-    steps_per_call: int = 16
-    block: int = 128
-    admit_prompts: int = 0
-    read_rows: int = 0
-
-    def __post_init__(self):
-        for name in ("slots", "prompt_len", "steps_per_call", "block"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-
-    def resolved(self, group_size: int) -> SlotConfig:
-        if self.slots < group_size:
-            raise ValueError(f"slots={self.slots} cannot hold one group of {group_size} samples")
-        a = self.admit_prompts or max(1, self.slots // group_size)
-        h = self.read_rows or min(self.slots, max(group_size, self.slots // 8))
-        return dataclasses.replace(self, admit_prompts=a, read_rows=h)
-
-
-@struct.dataclass
-class Slots:
-    """Device state of S slots; N = max_new_tokens.
-
-    Attributes:
-      cache: the slots' keys/values.
-      keys: [S] sample keys (`sampler.sample_keys`) of the rows they hold.
-      length: [S] int32 keys written (prompt + tokens fed so far).
-      step: [S] int32 tokens generated (the index of the next one).
-      last: [S] int32 the token to feed next.
-      running: [S] bool, still generating.
-      stopped: [S] bool, emitted a stop id.
-      tokens, logp, sample_logp: [S, N] the rows' outputs (pad / 0 past `step`).
-    """
-
-    cache: SlotCache
-    keys: jax.Array
-    length: jax.Array
-    step: jax.Array
-    last: jax.Array
-    running: jax.Array
-    stopped: jax.Array
-    tokens: jax.Array
-    logp: jax.Array
-    sample_logp: jax.Array
-
-
-def _slot_shardings(mesh: Mesh, cfg: ModelConfig, like: Slots):
-    """Slots split over the mesh's batch axes; KV heads over `tensor` where they divide."""
-    tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
-
-    def spec(x):
-        if x.ndim == 4:
-            return NamedSharding(mesh, PartitionSpec(BATCH_AXES, None, heads))
-        return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
-
-    return jax.tree.map(spec, like)
-
-
-def init_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None = None):
-    """Empty slots (none running) for prompts up to `sc.prompt_len` tokens."""
-    return _slot_initializer(cfg, gen, sc, mesh)()
-
-
-@functools.lru_cache(maxsize=16)
-def _slot_initializer(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None):
-    """The jitted allocation of `init_slots` (cached: the same shapes compile once)."""
-    init = _empty_slots(cfg, gen, sc)
-    shardings = _slot_shardings(mesh, cfg, jax.eval_shape(init)) if mesh is not None else None
-    return jax.jit(init, out_shardings=shardings)
-
-
-def slot_shapes(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh) -> Slots:
-    """The slots `init_slots` places on `mesh`, as sharded `jax.ShapeDtypeStruct`s."""
-    like = jax.eval_shape(_empty_slots(cfg, gen, sc))
-    return jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-        like,
-        _slot_shardings(mesh, cfg, like),
-    )
-
-
-def _empty_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig):
-    s, n = sc.slots, gen.max_new_tokens
-
-    def init():
-        return Slots(
-            cache=SlotCache.init(cfg, s, sc.prompt_len + n - 1, sc.block),
-            keys=jax.random.split(jax.random.key(0), s),
-            length=jnp.zeros((s,), jnp.int32),
-            step=jnp.zeros((s,), jnp.int32),
-            last=jnp.zeros((s,), jnp.int32),
-            running=jnp.zeros((s,), jnp.bool_),
-            stopped=jnp.zeros((s,), jnp.bool_),
-            tokens=jnp.full((s, n), gen.pad_id, jnp.int32),
-            logp=jnp.zeros((s, n), jnp.float32),
-            sample_logp=jnp.zeros((s, n), jnp.float32),
-        )
-
-    return init
-
-
-def _is_stop(token: jax.Array, gen: GenerateConfig) -> jax.Array:
-    stop = jnp.zeros(token.shape, jnp.bool_)
-    for i in gen.stop_ids:
-        stop = stop | (token == i)
-    return stop
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen"), donate_argnames=("slots",))
-def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys, *, gen):
-    """Prefills A prompts once and starts their G samples in the slots `slot_ids`.
-
-    Args:
-      tokens: [A, Tb] int32 prompts, right-padded (Tb <= the slots' prompt length).
-      lengths: [A] int32 prompt lengths (>= 1).
-      slot_ids: [A, G] int32 slots of each prompt's samples; S for padding rows.
-      keys: [A] prompt keys.
-    """
-    _TRACES["admit_groups"] += 1
-    model = decoding_model(graphdef, state, gen)
-    a, tb = tokens.shape
-    g = gen.num_samples
-    mask = jnp.arange(tb)[None, :] < lengths[:, None]
-    positions = jnp.broadcast_to(jnp.arange(tb, dtype=jnp.int32), (a, tb))
-    h, small = model.hidden(tokens, positions, mask, KVCache.init(model.cfg, a, tb))
-    last_h = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
-    logits = jnp.repeat(model.logits(last_h), g, axis=0)  # [A * G, V]
-    rows = slot_ids.reshape(-1)
-    skeys = sample_keys(keys, g)
-    d = draw(token_keys(skeys, 0), logits, gen.sampling)
-    stop = _is_stop(d.token, gen)
-
-    def put(big, new):  # rows of the slots' arrays <- values per sample
-        return big.at[rows].set(new.astype(big.dtype), mode="drop")
-
-    def put_kv(big, new):  # [S, L, ...] columns [0, Tb) <- each prompt's keys, G times
-        new = jnp.swapaxes(new, 1, 2)  # the prefill's [A, kv_heads, Tb, D] as [A, Tb, kv_heads, D]
-        return big.at[rows, :tb].set(jnp.repeat(new, g, axis=0).astype(big.dtype), mode="drop")
-
-    n = gen.max_new_tokens
-    first = lambda x, fill: jnp.full((rows.size, n), fill, x.dtype).at[:, 0].set(x)  # noqa: E731
-    cache = slots.cache.replace(
-        k=tuple(map(put_kv, slots.cache.k, small.k)), v=tuple(map(put_kv, slots.cache.v, small.v))
-    )
-    return Slots(
-        cache=cache,
-        keys=slots.keys.at[rows].set(skeys, mode="drop"),
-        length=put(slots.length, jnp.repeat(lengths, g)),
-        step=put(slots.step, jnp.ones_like(rows)),
-        last=put(slots.last, d.token),
-        running=put(slots.running, ~stop & (n > 1)),
-        stopped=put(slots.stopped, stop),
-        tokens=put(slots.tokens, first(d.token, gen.pad_id)),
-        logp=put(slots.logp, first(d.logp, 0.0)),
-        sample_logp=put(slots.sample_logp, first(d.sample_logp, 0.0)),
-    )
-
-
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "gen", "steps"), donate_argnames=("slots",)
+from da3po_jax.sampling.sampler import GenerateConfig
+from da3po_jax.sampling.slots import (  # noqa: F401  (the device side, re-exported)
+    SlotConfig,
+    Slots,
+    admit_groups,
+    decode_steps,
+    init_slots,
+    read_rows,
+    refill_slots,
+    slot_shapes,
+    trace_counts,
 )
-def decode_steps(graphdef, state, slots: Slots, *, gen: GenerateConfig, steps: int):
-    """Up to `steps` decode steps of the running slots; returns (slots, steps run)."""
-    _TRACES["decode_steps"] += 1
-    model = decoding_model(graphdef, state, gen)
-    s, n = slots.tokens.shape
-    cap, rows = slots.cache.max_len, jnp.arange(s)
-
-    def cond(carry):
-        i, sl = carry
-        return (i < steps) & jnp.any(sl.running)
-
-    def body(carry):
-        i, sl = carry
-        run = sl.running
-        write = jnp.where(run, sl.length, cap)  # cap: dropped
-        logits, cache = model.decode_slots(
-            sl.last, sl.length, sl.cache, write, jnp.where(run, sl.length + 1, 0)
-        )
-        d = draw(token_keys(sl.keys, sl.step), logits, gen.sampling)
-        col = jnp.where(run, sl.step, n)  # n: dropped
-
-        def rec(buf, x):
-            return buf.at[rows, col].set(x.astype(buf.dtype), mode="drop")
-
-        stop = run & _is_stop(d.token, gen)
-        step = sl.step + run
-        sl = sl.replace(
-            cache=cache,
-            length=sl.length + run,
-            step=step,
-            last=jnp.where(run, d.token, sl.last),
-            running=run & ~stop & (step < n),
-            stopped=sl.stopped | stop,
-            tokens=rec(sl.tokens, d.token),
-            logp=rec(sl.logp, d.logp),
-            sample_logp=rec(sl.sample_logp, d.sample_logp),
-        )
-        return i + 1, sl
-
-    i, slots = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), slots))
-    return slots, i
-
-
-@jax.jit
-def read_rows(slots: Slots, rows: jax.Array):
-    """(tokens, logp, sample_logp) [H, N] of the slots `rows` [H]."""
-    _TRACES["read_rows"] += 1
-    return slots.tokens[rows], slots.logp[rows], slots.sample_logp[rows]
 
 
 @dataclasses.dataclass
@@ -287,6 +59,8 @@ class FinishedGroup:
       tag: what the caller submitted the prompt with.
       tokens, logp, sample_logp, mask: as `SampleOutput`'s rows.
       lengths: [G] response lengths; truncated: [G] no stop id within N tokens.
+      version: [G, N] int32 policy version that sampled each token (`set_version`).
+      start_version: the version at the group's admission.
       left: rows still running (0 once the group is handed back).
     """
 
@@ -296,11 +70,39 @@ class FinishedGroup:
     sample_logp: np.ndarray
     lengths: np.ndarray
     truncated: np.ndarray
+    version: np.ndarray
+    start_version: int = 0
     left: int = 0
+
+    @classmethod
+    def empty(cls, tag, g: int, n: int, start_version: int) -> FinishedGroup:
+        z = lambda dt: np.zeros((g, n), dt)  # noqa: E731
+        return cls(
+            tag,
+            z(np.int32),
+            z(np.float32),
+            z(np.float32),
+            np.zeros(g, np.int32),
+            np.zeros(g, bool),
+            np.full((g, n), start_version, np.int32),
+            start_version,
+            g,
+        )
 
     @property
     def mask(self) -> np.ndarray:
         return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+
+
+@dataclasses.dataclass
+class _Row:
+    """A slot's row in flight: its group, sample index, prompt ids and the token index at
+    which each policy version began sampling it ([(step, version), ...])."""
+
+    group: FinishedGroup
+    sample: int
+    prompt: list[int]
+    versions: list[tuple[int, int]]
 
 
 class SlotDecoder:
@@ -334,9 +136,12 @@ class SlotDecoder:
                 )
         self.graphdef, self.cfg, self.gen, self.sc, self.mesh = graphdef, cfg, gen, sc, mesh
         self._slots: Slots | None = None
+        self._cache_dropped = False
         self._queue: collections.deque = collections.deque()
         self._free = list(range(sc.slots))
-        self._owner: dict[int, tuple[FinishedGroup, int]] = {}  # slot -> (group, sample index)
+        self._owner: dict[int, _Row] = {}  # slot -> the row it holds
+        self._steps = np.zeros(sc.slots, np.int64)  # tokens generated per slot (host copy)
+        self.version = 0  # the policy version of the weights `step` is called with
         self.decode_steps = self.slot_steps = self.decode_tokens = 0
 
     # ----------------------------------------------------------------- queries
@@ -352,6 +157,10 @@ class SlotDecoder:
         """Prompts queued or rows in flight."""
         return bool(self._queue or self._owner)
 
+    def live_groups(self) -> list[FinishedGroup]:
+        """The groups with rows in flight (each once, in admission order)."""
+        return list({id(r.group): r.group for r in self._owner.values()}.values())
+
     @property
     def nbytes(self) -> int:
         return 0 if self._slots is None else sum(x.nbytes for x in jax.tree.leaves(self._slots))
@@ -366,11 +175,19 @@ class SlotDecoder:
             )
         self._queue.append((tag, list(prompt_ids), key))
 
+    def set_version(self, version: int) -> None:
+        """The weights of the next calls are policy version `version`: the rows in flight
+        sample their next tokens with it."""
+        if version == self.version:
+            return
+        for s, row in self._owner.items():
+            row.versions.append((int(self._steps[s]), version))
+        self.version = version
+
     def step(self, params) -> list[FinishedGroup]:
         """Starts queued prompts in free slots, runs one decode call and returns the groups
         finished by it (every G rows done)."""
-        if self._slots is None:
-            self._slots = init_slots(self.cfg, self.gen, self.sc, self.mesh)
+        self._ensure_slots()
         while self._queue and len(self._free) >= self.group_size:
             self._admit(params)
         if not self._owner:
@@ -381,10 +198,47 @@ class SlotDecoder:
         running, step, stopped, ran = jax.device_get(
             (self._slots.running, self._slots.step, self._slots.stopped, ran)
         )
+        self._steps[:] = step
         self.decode_steps += int(ran)
         self.slot_steps += int(ran) * self.sc.slots
         done = [s for s in self._owner if not running[s]]
         return self._collect(done, step, stopped)
+
+    def refill(self, params) -> None:
+        """Computes the keys/values of every row in flight anew under `params` (prompt +
+        the tokens generated so far), `read_rows` rows per call, each call's prefill as
+        long as its longest row (rounded up to attention blocks)."""
+        self._ensure_slots()
+        live, h, block = sorted(self._owner), self.sc.read_rows, self.sc.block
+        for start in range(0, len(live), h):
+            chunk = live[start : start + h]
+            prompts = np.full((h, self.sc.prompt_len), self.gen.pad_id, np.int32)
+            lengths = np.ones((h,), np.int32)
+            rows = np.full((h,), self.sc.slots, np.int32)
+            for j, s in enumerate(chunk):
+                ids = self._owner[s].prompt
+                prompts[j, : len(ids)], lengths[j], rows[j] = ids, len(ids), s
+            need = max(lengths[j] + self._steps[s] - 1 for j, s in enumerate(chunk))
+            cap = self._slots.cache.max_len
+            width = min(cap, -(-int(need) // block) * block)
+            self._slots = refill_slots(
+                self.graphdef,
+                params,
+                self._slots,
+                jnp.asarray(rows),
+                jnp.asarray(prompts),
+                jnp.asarray(lengths),
+                gen=self.gen,
+                width=width,
+            )
+
+    def drop_cache(self) -> None:
+        """Frees the slots' keys/values, keeping every row's state; the next call
+        allocates the cache again, and the rows in flight need a `refill` first."""
+        if self._slots is not None and not self._cache_dropped:
+            for x in jax.tree.leaves(self._slots.cache):
+                x.delete()
+            self._cache_dropped = True
 
     def clear(self) -> None:
         """Frees the slots' device memory now (the next `step` allocates them anew). Rows
@@ -394,10 +248,19 @@ class SlotDecoder:
             for x in jax.tree.leaves(self._slots):
                 if not x.is_deleted():
                     x.delete()
-        self._slots = None
+        self._slots, self._cache_dropped = None, False
         self._queue.clear()
         self._owner.clear()
         self._free = list(range(self.sc.slots))
+
+    def _ensure_slots(self) -> None:
+        """Allocates the slots (or, after `drop_cache`, their cache) if they are not there."""
+        if self._slots is None:
+            self._slots = init_slots(self.cfg, self.gen, self.sc, self.mesh)
+        elif self._cache_dropped:
+            fresh = init_slots(self.cfg, self.gen, self.sc, self.mesh)
+            self._slots = self._slots.replace(cache=fresh.cache)
+            self._cache_dropped = False
 
     def _admit(self, params) -> None:
         sc, g, n = self.sc, self.group_size, self.gen.max_new_tokens
@@ -412,18 +275,10 @@ class SlotDecoder:
             tokens[a, : len(ids)], lengths[a] = ids, len(ids)
             rows = [self._free.pop(0) for _ in range(g)]
             slot_ids[a] = rows
-            z = lambda dt: np.zeros((g, n), dt)  # noqa: E731
-            group = FinishedGroup(
-                tag,
-                z(np.int32),
-                z(np.float32),
-                z(np.float32),
-                np.zeros(g, np.int32),
-                np.zeros(g, bool),
-                g,
-            )
+            group = FinishedGroup.empty(tag, g, n, self.version)
             for i, s in enumerate(rows):
-                self._owner[s] = (group, i)
+                self._owner[s] = _Row(group, i, ids, [(0, self.version)])
+                self._steps[s] = 1
             keys.append(key)
         keys += [keys[0]] * (sc.admit_prompts - take)
         self._slots = admit_groups(
@@ -444,10 +299,13 @@ class SlotDecoder:
             rows = np.asarray(chunk + [chunk[0]] * (h - len(chunk)), np.int32)
             toks, logp, slogp = jax.device_get(read_rows(self._slots, jnp.asarray(rows)))
             for j, s in enumerate(chunk):
-                group, i = self._owner.pop(s)
+                row = self._owner.pop(s)
+                group, i = row.group, row.sample
                 self._free.append(s)
                 group.tokens[i], group.logp[i], group.sample_logp[i] = toks[j], logp[j], slogp[j]
                 group.lengths[i], group.truncated[i] = step[s], not stopped[s]
+                for begin, version in row.versions:
+                    group.version[i, begin:] = version
                 self.decode_tokens += int(step[s]) - 1
                 group.left -= 1
                 if not group.left:

@@ -47,6 +47,7 @@ class FakeEngine:
     rows when set."""
 
     group_size, prompt_len, max_new_tokens = G, TP, TN
+    max_staleness = 0
 
     def __init__(self, slots: int, chunk: int, pad_to: int = 0):
         self.slots, self.chunk, self.pad_to = slots, chunk, pad_to
@@ -56,7 +57,7 @@ class FakeEngine:
         self.synced = self.released = 0
         self.in_flight_at_first_return: int | None = None
 
-    def sync_weights(self, params) -> None:
+    def sync_weights(self, params, version: int = 0) -> None:
         self.synced += 1
 
     def capacity(self) -> int:
@@ -68,6 +69,9 @@ class FakeEngine:
         self.queue.extend(problems)
 
     def in_flight(self) -> int:
+        return len(self.queue)
+
+    def overdue(self, version: int) -> int:
         return len(self.queue)
 
     def finished(self) -> list[ScoredGroups]:
