@@ -4,6 +4,10 @@
         [--prompts=32 --group=8 --prompt_len=64 --steps_per_call=16 --block=128 --seed=0]
         [--profile]
     python benchmarks/rollout.py --workload=geometric --mean=500 --max_new=4096 --slots=64
+    python benchmarks/rollout.py --rl_steps=8 [--max_staleness=1] [workload flags as above]
+
+With --rl_steps=R the benchmark is `rollout_steps.py`'s instead: R consecutive RL steps,
+partial rollouts against per-step continuous batching (see that module).
 
 Model: random weights, 4 layers, hidden 256, vocab 4096 (the `tiny-math` preset widened),
 float32, temperature 1. A random model's next-token distribution is close to uniform, so
@@ -437,6 +441,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="time the continuous engine's parts")
+    ap.add_argument(
+        "--rl_steps", type=int, default=0, help="R > 0: R RL steps, partial vs per-step"
+    )
+    ap.add_argument("--max_staleness", type=int, default=1, help="partial rollouts' bound")
     args = ap.parse_args(argv)
     if args.slots < args.group:
         ap.error(f"--slots={args.slots} must hold one group of --group={args.group}")
@@ -451,6 +459,10 @@ def main(argv=None) -> None:
     gen = GenerateConfig(
         num_samples=args.group, max_new_tokens=args.max_new, temperature=1.0, stop_ids=stop_ids
     )
+    if args.rl_steps:
+        from rollout_steps import main_steps
+
+        return main_steps(args, graphdef, state, cfg, gen)
     sc = SlotConfig(
         slots=args.slots,
         prompt_len=args.prompt_len,

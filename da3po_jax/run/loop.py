@@ -27,6 +27,17 @@ from da3po_jax.update import PolicyUpdate, TrainState
 log = logging.getLogger(__name__)
 
 
+def _warn_in_flight(step: int, carried: int) -> None:
+    """A checkpoint saved while partial rollouts carry prompts does not hold them."""
+    if carried:
+        log.warning(
+            "checkpoint at step %d: the %d prompts in flight (partial rollouts) are not in "
+            "it; a run resumed from it goes on without them",
+            step,
+            carried,
+        )
+
+
 class NonFiniteTraining(RuntimeError):
     """`train.max_nonfinite_steps` steps in a row had a non-finite loss or gradient."""
 
@@ -75,13 +86,9 @@ class RLTrainer:
         t0 = time.perf_counter()
         rng, key = jax.random.split(self.state.rng)
         self.state = self.state.replace(rng=rng)
-        version = int(self.state.step)  # the policy version partial rollouts record
-        collected, self.carry = self.collector.collect(
-            self.state.params, self.carry, key, version
-        )
-        # no KV cache during the update (as plan.py counts), unless partial rollouts keep
-        # the rows in flight with their keys/values (rollout.partial_kv="keep")
-        self.collector.engine.release()
+        version = int(self.state.step)  # the policy version (partial rollouts record it)
+        collected, self.carry = self.collector.collect(self.state.params, self.carry, key, version)
+        self.collector.engine.release()  # no KV cache in the update (but partial_kv="keep")
         t1 = time.perf_counter()
         prior = self.collector.prior(self.carry)
         self.state, update_metrics = self.update(
@@ -134,14 +141,7 @@ class RLTrainer:
         step = int(self.state.step)
         if step != self._saved_step:
             self._saved_step = step
-            carried = self.collector.engine.in_flight()
-            if carried:
-                log.warning(
-                    "checkpoint at step %d: the %d prompts in flight (partial rollouts) are "
-                    "not in it; a run resumed from it goes on without them",
-                    step,
-                    carried,
-                )
+            _warn_in_flight(step, self.collector.engine.in_flight())
             host = {
                 "data": self.collector.iterator.state.to_dict(),
                 "config": self.settings.fingerprint(),

@@ -384,3 +384,19 @@ def test_amplified_clip_fraction_counts_amplified_tokens():
     mask = jnp.ones((2, 4))
     _, met = da3po_loss(new, old, adv, mask, amplified=jnp.array([True, False]))
     np.testing.assert_allclose(met["loss/num_amplified_tokens"], 4.0)
+
+
+def test_decoupled_objective_hand_values():
+    """Partial rollouts (docs/algorithms.md, "Partial rollouts"): the ratio and its clip
+    are against the proximal policy (logp_old = the step's weights), the behaviour policy
+    that sampled (older weights) enters only through w = min(pi_prox / mu, C)."""
+    prox = jnp.log(jnp.asarray([[0.5, 0.5, 0.4]]))
+    mu = jnp.log(jnp.asarray([[0.25, 0.5, 0.8]]))  # w = 2, 1, 0.5
+    new = jnp.log(jnp.asarray([[0.6, 0.8, 0.4]]))  # rho = 1.2, 1.6 (-> 1.28), 1.0
+    mask, adv = jnp.ones((1, 3)), jnp.asarray([1.0])
+    loss, _ = da3po_loss(new, prox, adv, mask, logp_behavior=mu, tis_cap=2.0)
+    np.testing.assert_allclose(loss, -(2 * 1.2 + 1 * 1.28 + 0.5 * 1.0) / 3, rtol=1e-6)
+    # clipping against the behaviour policy instead (the coupled objective) differs:
+    # rho = 2.4 (-> 1.28), 1.6 (-> 1.28), 0.5, unweighted
+    coupled, _ = da3po_loss(new, mu, adv, mask)
+    np.testing.assert_allclose(coupled, -(1.28 + 1.28 + 0.5) / 3, rtol=1e-6)
