@@ -107,9 +107,7 @@ class MemoryPlan:
         return self.peak / self.device_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["fraction"] = self.fraction
-        return out
+        return dataclasses.asdict(self) | {"fraction": self.fraction}
 
     def table(self) -> str:
         """A readable table: GiB per component, peak and % of the device."""
@@ -127,8 +125,8 @@ class MemoryPlan:
         for name in _COMPONENTS:
             b = getattr(self, name)
             lines.append(f"{name:<14}{b / GiB:>12.2f}{100 * b / self.device_bytes:>9.1f}%")
-        lines.append(f"{'rollout phase':<14}{i['rollout_phase'] / GiB:>12.2f}")
-        lines.append(f"{'train phase':<14}{i['train_phase'] / GiB:>12.2f}")
+        for name in ("rollout_phase", "train_phase"):
+            lines.append(f"{name.replace('_', ' '):<14}{i[name] / GiB:>12.2f}")
         lines.append(f"{'PEAK':<14}{self.peak / GiB:>12.2f}{100 * self.fraction:>9.1f}%")
         lines.append(
             f"fits: {self.fits} (peak {self.peak / GiB:.2f} GiB vs usable "
@@ -277,7 +275,8 @@ def _cache_bytes(r: _Run, prompts: int, samples: int, new_tokens: int) -> tuple[
 
 
 def _slot_bytes(r: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
-    """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each."""
+    """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each (with
+    `rollout.partial_kv = "keep"` kept through the update too)."""
     mc, cb, tp, ro = r.mc, r.cbytes, r.tp, r.s.rollout
     block = ro.attention_block
     rows_dev = _div(ro.slots, r.batch_devs)
@@ -500,6 +499,8 @@ def plan_memory(
     resident += res["gathered"]
     rollout_phase = roll["kv_cache"] + roll["decode_weights"] + roll["rollout_work"]
     train_phase = res["grads"] + train["activations"] + train["update_work"]
+    if s.rollout.max_staleness and s.rollout.partial_kv == "keep":  # slots kept in the update
+        train_phase += _slot_bytes(r, s.rollout.group_size, s.rollout.max_new_tokens)[0]
     peak = resident + max(rollout_phase, train_phase)
     info = _info(r, res, roll, train)
     info.update(rollout_phase=rollout_phase, train_phase=train_phase)

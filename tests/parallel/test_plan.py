@@ -179,6 +179,21 @@ def test_continuous_engine_cache_is_the_slots_cache(shape):
     assert plan.batch == batch + group_buffer_nbytes(g, tp, tn, 4 * 32 // g, dev)
 
 
+def test_partial_rollouts_keep_the_slots_cache_through_the_update():
+    """`rollout.partial_kv = "keep"` holds the rows in flight, keys and values included,
+    through the update: the train phase gains the slot cache; `"recompute"` frees it."""
+    cfg = tiny_cfg()
+    cfg.rollout.engine, cfg.rollout.slots, cfg.rollout.attention_block = "continuous", 32, 16
+    base = plan_memory(plan_settings(cfg), num_devices=1)
+    cfg.rollout.max_staleness = 1
+    keep = plan_memory(plan_settings(cfg), num_devices=1)
+    cfg.rollout.partial_kv = "recompute"
+    recompute = plan_memory(plan_settings(cfg), num_devices=1)
+    assert base.kv_cache > 0
+    assert keep.info["train_phase"] == base.info["train_phase"] + base.kv_cache
+    assert recompute.info["train_phase"] == base.info["train_phase"]
+
+
 def test_cudnn_segment_mask_is_counted_on_gpus():
     """`model.attention = auto` resolves per device kind: cuDNN on a GPU (bf16) adds its
     [rows, 1, T, T] segment mask (bool + bf16 bias) to each layer's attention work, the
