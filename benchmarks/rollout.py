@@ -115,7 +115,7 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
-def model_config():
+def model_config(decode_attention: str = "auto"):
     """4 layers, hidden 256, vocab 4096; the context fits the long-tailed workload."""
     return get_preset(
         "tiny-math",
@@ -127,6 +127,7 @@ def model_config():
         num_kv_heads=2,
         head_dim=64,
         max_position_embeddings=16384,
+        decode_attention=decode_attention,
     )
 
 
@@ -445,6 +446,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--rl_steps", type=int, default=0, help="R > 0: R RL steps, partial vs per-step"
     )
     ap.add_argument("--max_staleness", type=int, default=1, help="partial rollouts' bound")
+    ap.add_argument(
+        "--decode_attention", default="auto", help="the slots' decode attention (auto: paged)"
+    )
     args = ap.parse_args(argv)
     if args.slots < args.group:
         ap.error(f"--slots={args.slots} must hold one group of --group={args.group}")
@@ -453,7 +457,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    cfg = model_config()
+    cfg = model_config(args.decode_attention)
     graphdef, state = nnx.split(init_model(cfg, args.seed))
     prompts, keys, stop_ids = make_workload(args, cfg.vocab_size)
     gen = GenerateConfig(

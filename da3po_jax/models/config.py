@@ -24,7 +24,7 @@ SUPPORTED_MODEL_TYPES = {
 # Self-attention implementations (models/attention.py; "auto" picks one by backend).
 ATTENTION_CHOICES = ("auto", "naive", "blockwise", "cudnn", "splash")
 # Decode attention of the continuous engine's slots ("auto": "ragged" on TPU).
-DECODE_ATTENTION_CHOICES = ("auto", "blockwise", "ragged")
+DECODE_ATTENTION_CHOICES = ("auto", "blockwise", "paged", "ragged")
 
 REMAT_POLICY_CHOICES = ("nothing", "dots")
 # Fields that say how the model runs, not what it is (never read from or written to a HF
@@ -73,9 +73,10 @@ class ModelConfig:
       attention: self-attention implementation of the training forward and the prefill
         ("auto", "naive", "blockwise", "cudnn", "splash"; models/attention.py).
       attention_block: query/key block of the blockwise kernels.
-      decode_attention: the continuous engine's decode step over its slots: "blockwise"
-        (pure JAX, `transformer.decode_attention`), "ragged" (the Pallas TPU kernel,
-        `models/decode_kernel.py`) or "auto" ("ragged" on TPU, else "blockwise").
+      decode_attention: the continuous engine's decode step over its slots: "paged" (pure
+        JAX, only the live (slot, block) pairs), "blockwise" (pure JAX, every slot up to
+        the longest), "ragged" (the Pallas TPU kernel) or "auto" ("ragged" on TPU, else
+        "paged"); `models/decode_attention.py`.
       scan_layers: store the layers stacked (a leading layer axis) and run them under
         `lax.scan`, so compile time does not grow with depth.
       remat_policy: what a rematerialised layer keeps ("nothing": recompute it all;

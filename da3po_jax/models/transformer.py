@@ -24,6 +24,11 @@ from flax import nnx, struct
 
 from da3po_jax.models.attention import attention, target_platform
 from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.decode_attention import (  # noqa: F401  (decode_attention re-exported)
+    DECODE,
+    decode_attention,
+    resolve_decode,
+)
 from da3po_jax.models.sharding import constrain
 
 _NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -252,7 +257,7 @@ class Attention(nnx.Module):
         vc = vc.at[rows, write].set(v[:, 0].astype(vc.dtype), mode="drop")
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(x.shape[0], cfg.num_kv_heads, groups, cfg.head_dim)
-        attend = _DECODE[resolve_decode(cfg.decode_attention, target_platform())]
+        attend = DECODE[resolve_decode(cfg.decode_attention, target_platform())]
         out = attend(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
         out = out.reshape(x.shape[0], 1, cfg.num_heads, cfg.head_dim).astype(x.dtype)
         return self._output(out), (kc, vc)
@@ -276,70 +281,6 @@ def _cached_attention(q, k, v, k_cache, v_cache, q_slots, k_slots, key_mask):
     scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
     return jnp.einsum("bkgts,bksd->btkgd", probs, v_cache), (k_cache, v_cache)
-
-
-def decode_attention(q, k, v, lengths, block: int) -> jax.Array:
-    """Softmax attention of one query per slot over the first `lengths[s]` keys of its row,
-    block by block (online softmax), visiting only the blocks below the longest length: the
-    cost follows the live lengths, not the cache capacity.
-
-    This is the pure-JAX reference of a ragged (paged) decode kernel: the cache
-    [S, L, kv_heads, D] is a pool of S * L / block pages of `block` tokens whose page table
-    is the identity (slot s owns pages s * L / block, ...), the layout a paged kernel such
-    as Pallas' TPU ragged paged attention reads (see docs/design.md).
-
-    Args:
-      q: [S, kv_heads, groups, D] queries; k, v: [S, L, kv_heads, D].
-      lengths: [S] int32 keys per slot (0: the output is 0).
-      block: keys per block; L must be a multiple of it.
-
-    Returns:
-      [S, kv_heads, groups, D] float32.
-    """
-    s, cap, kvh, d = k.shape
-    if cap % block:
-        raise ValueError(f"cache length {cap} is not a multiple of the block {block}")
-    scale = 1.0 / math.sqrt(d)
-    num_blocks = (jnp.max(lengths) + block - 1) // block
-    offsets = jnp.arange(block)
-
-    def body(i, carry):
-        m, denom, acc = carry
-        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=1)
-        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=1)
-        sc = jnp.einsum("skgd,sbkd->skgb", q, kb, preferred_element_type=jnp.float32) * scale
-        valid = (i * block + offsets)[None, :] < lengths[:, None]  # [S, block]
-        sc = jnp.where(valid[:, None, None], sc, _NEG_INF)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-        p = jnp.exp(sc - m_new[..., None]) * valid[:, None, None]
-        corr = jnp.exp(m - m_new)
-        pv = jnp.einsum(
-            "skgb,sbkd->skgd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32
-        )
-        return m_new, denom * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
-
-    groups = q.shape[2]
-    init = (
-        jnp.full((s, kvh, groups), _NEG_INF, jnp.float32),
-        jnp.zeros((s, kvh, groups), jnp.float32),
-        jnp.zeros((s, kvh, groups, d), jnp.float32),
-    )
-    _, denom, acc = jax.lax.fori_loop(0, num_blocks, body, init)
-    return acc / jnp.maximum(denom, 1e-30)[..., None]
-
-
-def resolve_decode(impl: str, platform: str) -> str:
-    """The decode attention `impl` ("auto": "ragged" on TPU, else "blockwise") runs."""
-    return ("ragged" if platform == "tpu" else "blockwise") if impl == "auto" else impl
-
-
-def _ragged(q, k, v, lengths, block):
-    from da3po_jax.models.decode_kernel import ragged_decode_attention
-
-    return ragged_decode_attention(q, k, v, lengths, block)
-
-
-_DECODE = {"blockwise": decode_attention, "ragged": _ragged}
 
 
 class MLP(nnx.Module):

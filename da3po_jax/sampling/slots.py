@@ -7,8 +7,8 @@ functions of fixed shapes that act on them, each donating the slots (updated in 
   admissions target slot index S (every write is dropped).
 - `decode_steps`: up to K decode steps of every running slot (one token each): the token is
   fed at its own position, its keys/values written at the slot's own length, attention
-  runs over that slot's live keys only (`decode_attention`, bounded by the longest live
-  slot), and the loop exits early once no slot runs.
+  runs over that slot's live keys only (`models/decode_attention.py`: by default the
+  live (slot, block) pairs only), and the loop exits early once no slot runs.
 - `read_rows`: the output rows of H slots, for the host to collect.
 - `refill_slots`: the keys/values of H live slots computed anew (prompt + the tokens
   generated so far, one prefill) under the given weights: partial rollouts with

@@ -54,20 +54,21 @@ def test_bad_block_is_refused():
 
 def test_auto_resolves_to_ragged_on_tpu_only():
     assert resolve_decode("auto", "tpu") == "ragged"
-    assert resolve_decode("auto", "cpu") == "blockwise"
-    assert resolve_decode("auto", "gpu") == "blockwise"
+    assert resolve_decode("auto", "cpu") == "paged"
+    assert resolve_decode("auto", "gpu") == "paged"
     assert resolve_decode("ragged", "cpu") == "ragged"
 
 
-def test_the_models_decode_step_through_the_kernel_equals_blockwise():
+def test_the_models_decode_step_through_the_kernel_and_paged_equals_blockwise():
     from flax import nnx
 
     from da3po_jax.models import Transformer, get_preset
     from da3po_jax.models.transformer import SlotCache
 
     cfg = get_preset("tiny-qwen2", dtype="float32")
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(dataclasses.replace(cfg, decode_attention="blockwise"), rngs=nnx.Rngs(0))
     ragged = Transformer(dataclasses.replace(cfg, decode_attention="ragged"), rngs=nnx.Rngs(0))
+    paged = Transformer(dataclasses.replace(cfg, decode_attention="paged"), rngs=nnx.Rngs(0))
     s, block = 4, 16
     cache = SlotCache.init(cfg, s, 40, block)
     rng = np.random.default_rng(2)
@@ -83,3 +84,8 @@ def test_the_models_decode_step_through_the_kernel_equals_blockwise():
     np.testing.assert_allclose(got, want, **TOL)
     for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
         np.testing.assert_array_equal(a, b)
+    # the pure-JAX live-pair version (the default off TPU): equal to float rounding
+    got, got_cache = paged.decode_slots(tokens, lengths - 1, cache, write, lengths)
+    np.testing.assert_allclose(got, want, **TOL)
+    for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
+        np.testing.assert_allclose(a, b, **TOL)

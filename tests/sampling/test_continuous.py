@@ -28,6 +28,7 @@ from test_sampling_generate import (
     _teacher_forced_logp,
 )
 
+from da3po_jax.models.decode_attention import paged_decode_attention
 from da3po_jax.models.transformer import decode_attention
 from da3po_jax.sampling import GenerateConfig, generate
 from da3po_jax.sampling.continuous import SlotConfig, generate_continuous, trace_counts
@@ -311,7 +312,10 @@ def test_generated_token_frequencies_match_target_distribution(fixed_logits, par
 # -------------------------------------------------------------- decode attention
 
 
-_decode_attention = jax.jit(decode_attention, static_argnums=4)
+_DECODE = {
+    "blockwise": jax.jit(decode_attention, static_argnums=4),
+    "paged": jax.jit(paged_decode_attention, static_argnums=4),
+}
 
 
 def _dense_attention(q, k, v, lengths):
@@ -326,11 +330,13 @@ def _dense_attention(q, k, v, lengths):
     return out
 
 
+@pytest.mark.parametrize("impl", sorted(_DECODE))
 @pytest.mark.parametrize("block", [1, 8, 24])
-def test_decode_attention_equals_dense_softmax(block):
+def test_decode_attention_equals_dense_softmax(block, impl):
     """Ragged lengths (0, inside a block, at a block edge, the full capacity) against
     dense softmax; keys past every length, even NaN beyond the blocks visited, do not
     count (only blocks below the longest length are read)."""
+    _decode_attention = _DECODE[impl]
     s, cap, kvh, g, d = 6, 24, 2, 3, 8
     rng = np.random.default_rng(block)
     q = rng.normal(size=(s, kvh, g, d)).astype(np.float32)
@@ -350,11 +356,36 @@ def test_decode_attention_equals_dense_softmax(block):
         np.testing.assert_allclose(got, _dense_attention(q, k, v, lengths), atol=1e-5, rtol=0)
 
 
-def test_decode_attention_rejects_cache_not_a_multiple_of_block():
+@pytest.mark.parametrize("block", [1, 4, 8])
+def test_paged_decode_attention_reads_only_each_slots_live_blocks(block):
+    """`paged` visits the live (slot, block) pairs only: a slot's blocks past its own
+    length are never read (NaN there changes nothing), where `blockwise` reads every
+    slot up to the longest one (NaN reaches the shorter slots' outputs). More slots'
+    blocks than slots (several iterations) and slots with no keys between live ones."""
+    s, cap, kvh, g, d = 5, 32, 2, 2, 8
+    rng = np.random.default_rng(block)
+    q = rng.normal(size=(s, kvh, g, d)).astype(np.float32)
+    k = rng.normal(size=(s, cap, kvh, d)).astype(np.float32)
+    v = rng.normal(size=(s, cap, kvh, d)).astype(np.float32)
+    lengths = np.asarray([3, 0, 32, 9, 0], np.int32)
+    live = -(-lengths // block) * block  # each slot's live blocks end here
+    k2, v2 = k.copy(), v.copy()
+    for i, n in enumerate(live):
+        k2[i, n:], v2[i, n:] = np.nan, np.nan
+    want = _dense_attention(q, k, v, lengths)
+    got = np.asarray(_DECODE["paged"](q, k2, v2, jnp.asarray(lengths), block))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    stale = np.asarray(_DECODE["blockwise"](q, k2, v2, jnp.asarray(lengths), block))
+    assert np.isnan(stale[0]).any()  # slot 0 (3 keys) visited up to slot 2's 32
+
+
+@pytest.mark.parametrize("impl", sorted(_DECODE))
+def test_decode_attention_rejects_cache_not_a_multiple_of_block(impl):
     q = jnp.zeros((2, 1, 1, 4))
     kv = jnp.zeros((2, 10, 1, 4))
+    fn = decode_attention if impl == "blockwise" else paged_decode_attention
     with pytest.raises(ValueError, match="multiple of the block"):
-        decode_attention(q, kv, kv, jnp.array([3, 10], jnp.int32), 4)
+        fn(q, kv, kv, jnp.array([3, 10], jnp.int32), 4)
 
 
 # ------------------------------------------------------------------- 8 devices

@@ -17,7 +17,8 @@ changed order and the OPD returns moved by ~6e-6 relative; the ra_opd case of
 The da3po_continuous case (DA3PO through the continuous engine, dynamic sampling as a
 stream) was recorded, in the EPYC file only, by the trainer of commit af77d89, before
 partial rollouts (`rollout.max_staleness`) were added: their default, 0, must leave the
-continuous engine's runs as they were.
+continuous engine's runs as they were. It runs the blockwise decode attention it was
+recorded with (the default became "paged" later, equal to float rounding).
 
 The reference covers the paths that carry state or take a different route through the
 step: DA3PO with the history estimator (dynamic-sampling rounds and surplus, prior EMA,
@@ -85,6 +86,7 @@ CASES = {
         algo="da3po",
         overrides={
             "rollout.engine": "continuous",
+            "model.decode_attention": "blockwise",  # the decode attention it was recorded with
             "rollout.slots": 8,
             "rollout.steps_per_call": 4,
             "ds.max_prompts": 12,
