@@ -102,6 +102,29 @@ def test_opd_micro_study(tmp_path):
     assert res["opd"]["final"][0] == pytest.approx(last["eval/avg@2"])
 
 
+@pytest.mark.slow
+def test_staleness_micro_study(tmp_path):
+    from experiments import staleness
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    args = ["--micro", "--seeds", "0", "1", "--steps", "3", "--eval_every", "3"]
+    staleness.main(args + ["--workdir", str(runs), "--out", str(out)])
+    data = json.loads((out / "staleness.json").read_text())
+    assert set(data["curves"]) == {"sync", "partial"}
+    assert "partial" in data["result"]["paired"]
+    # the timings are the runs' own step rows after the first
+    for name in ("sync", "partial"):
+        per_seed = []
+        for seed in (0, 1):
+            rows = [json.loads(x) for x in (runs / f"{name}_n3_s{seed}" / "metrics.jsonl").open()]
+            per_seed.append(
+                np.mean(
+                    [r["time/step"] for r in rows if r.get("step", 0) > 1 and r["kind"] == "train"]
+                )
+            )
+        assert data["timings"][name]["time/step"][0] == pytest.approx(np.mean(per_seed))
+
+
 def test_difficulty_bins_partition_pass_rates():
     from experiments.difficulty import table
 
