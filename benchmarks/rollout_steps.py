@@ -171,7 +171,7 @@ def main_steps(args, graphdef, state, cfg, gen) -> None:
     warm_refill(graphdef, state, cfg, gen, sc)
     log(f"refill: compiled in {time.perf_counter() - t:.1f}s")
     report = {"benchmark": "rollout_steps", "device": str(jax.devices()[0].device_kind)}
-    report["workload"] = {**{k: v for k, v in vars(args).items() if k != "profile"}}
+    report["workload"] = {k: v for k, v in vars(args).items() if k != "profile"}
     for mode in ("continuous", "partial", "partial_recompute"):
         log(f"{mode}: {r_steps} steps")
         report[mode], step_lengths = run_steps(graphdef, state, cfg, gen, sc, stream, args, mode)

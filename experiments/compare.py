@@ -238,8 +238,10 @@ def study(
     prefix: str,
     micro: bool = False,
     pairs=None,
+    extra=None,
 ) -> dict:
-    """Runs every (variant, seed), then writes `<prefix>.json`, `.md` and `_curves.png`."""
+    """Runs every (variant, seed), then writes `<prefix>.json`, `.md` and `_curves.png`.
+    `extra(workdir, steps, seeds)`, when given, adds its dict to the result (and the JSON)."""
     cfg = base_config(steps, eval_every, micro)
     warm = warm_start(workdir, cfg)
     k = cfg.eval.num_samples
@@ -253,6 +255,8 @@ def study(
     budgets = [round(smallest * f) for f in (0.25, 0.5, 0.75, 1.0)]
     step_points = sorted({max(eval_every, steps // 2), steps})
     result = analyse(curves, budgets, step_points, pairs)
+    if extra is not None:
+        result.update(extra(workdir, steps, seeds))
     names = list(variants)
     os.makedirs(out, exist_ok=True)
     table = markdown(result, names, k, len(seeds))
@@ -295,11 +299,11 @@ def parse(argv=None, default_prefix="compare"):
     return args
 
 
-def main(argv=None) -> None:
-    args = parse(argv)
+def run_study(args, variants: dict[str, dict], pairs, extra=None) -> dict:
+    """`study` of `variants` with the command line's seeds, lengths and folders."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    study(
-        ALGOS,
+    return study(
+        variants,
         args.seeds,
         args.steps,
         args.eval_every,
@@ -307,8 +311,13 @@ def main(argv=None) -> None:
         args.out,
         args.prefix,
         args.micro,
-        pairs=[("dapo", "grpo"), ("da3po", "grpo"), ("da3po", "dapo")],
+        pairs=pairs,
+        extra=extra,
     )
+
+
+def main(argv=None) -> None:
+    run_study(parse(argv), ALGOS, [("dapo", "grpo"), ("da3po", "grpo"), ("da3po", "dapo")])
 
 
 if __name__ == "__main__":

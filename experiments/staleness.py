@@ -15,12 +15,11 @@ trained tokens sampled one version before the step (`stale/token_lag_1`).
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import numpy as np
 
-from experiments.compare import mean_ci, parse, study
+from experiments.compare import mean_ci, parse, run_study
 
 ENGINE = {"algo": "da3po", "rollout.engine": "continuous", "rollout.slots": 64}
 VARIANTS = {
@@ -30,8 +29,8 @@ VARIANTS = {
 
 
 def timings(workdir: str, steps: int, seeds) -> dict:
-    """Per variant: mean (and 95% CI over seeds) of the per-seed mean step / collect
-    seconds and token lag-1 share, steps after the first."""
+    """{"timings": per variant, the mean (and 95% CI over seeds) of the per-seed mean step
+    / collect seconds and lag-1 token share, steps after the first}."""
     out = {}
     for name in VARIANTS:
         per_seed = {"time/step": [], "time/collect": [], "stale/token_lag_1": []}
@@ -42,32 +41,13 @@ def timings(workdir: str, steps: int, seeds) -> dict:
             for key, values in per_seed.items():
                 values.append(float(np.mean([r.get(key, 0.0) for r in rows])))
         out[name] = {k: mean_ci(v) for k, v in per_seed.items()}
-    return out
+    return {"timings": out}
 
 
 def main(argv=None) -> None:
     args = parse(argv, default_prefix="staleness")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    result = study(
-        VARIANTS,
-        args.seeds,
-        args.steps,
-        args.eval_every,
-        args.workdir,
-        args.out,
-        args.prefix,
-        args.micro,
-        pairs=[("partial", "sync")],
-    )
-    times = timings(args.workdir, args.steps, args.seeds)
-    result["timings"] = times
-    path = os.path.join(args.out, f"{args.prefix}.json")
-    with open(path) as f:
-        saved = json.load(f)
-    saved["timings"] = times
-    with open(path, "w") as f:
-        json.dump(saved, f, indent=1)
-    for name, t in times.items():
+    result = run_study(args, VARIANTS, [("partial", "sync")], extra=timings)
+    for name, t in result["timings"].items():
         print(
             f"{name}: {t['time/step'][0]:.2f} +- {t['time/step'][1]:.2f} s/step, collect "
             f"{t['time/collect'][0]:.2f} s, lag-1 tokens {t['stale/token_lag_1'][0]:.3f}"

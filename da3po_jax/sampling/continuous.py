@@ -43,6 +43,7 @@ from da3po_jax.sampling.slots import (  # noqa: F401  (the device side, re-expor
     Slots,
     admit_groups,
     decode_steps,
+    init_slot_cache,
     init_slots,
     read_rows,
     refill_slots,
@@ -258,8 +259,8 @@ class SlotDecoder:
         if self._slots is None:
             self._slots = init_slots(self.cfg, self.gen, self.sc, self.mesh)
         elif self._cache_dropped:
-            fresh = init_slots(self.cfg, self.gen, self.sc, self.mesh)
-            self._slots = self._slots.replace(cache=fresh.cache)
+            cache = init_slot_cache(self.cfg, self.gen, self.sc, self.mesh)
+            self._slots = self._slots.replace(cache=cache)
             self._cache_dropped = False
 
     def _admit(self, params) -> None:

@@ -117,14 +117,27 @@ def _slot_shardings(mesh: Mesh, cfg: ModelConfig, like: Slots):
 
 def init_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None = None):
     """Empty slots (none running) for prompts up to `sc.prompt_len` tokens."""
-    return _slot_initializer(cfg, gen, sc, mesh)()
+    return _slot_initializer(cfg, gen, sc, mesh, False)()
+
+
+def init_slot_cache(
+    cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None = None
+) -> SlotCache:
+    """Only the keys/values of `init_slots` (placed alike): a cache freed by
+    `SlotDecoder.drop_cache`, allocated again."""
+    return _slot_initializer(cfg, gen, sc, mesh, True)()
 
 
 @functools.lru_cache(maxsize=16)
-def _slot_initializer(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None):
-    """The jitted allocation of `init_slots` (cached: the same shapes compile once)."""
+def _slot_initializer(
+    cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None, cache_only: bool
+):
+    """The jitted allocation of `init_slots` / `init_slot_cache` (cached: the same shapes
+    compile once)."""
     init = _empty_slots(cfg, gen, sc)
     shardings = _slot_shardings(mesh, cfg, jax.eval_shape(init)) if mesh is not None else None
+    if cache_only:
+        return jax.jit(lambda: init().cache, out_shardings=shardings and shardings.cache)
     return jax.jit(init, out_shardings=shardings)
 
 

@@ -122,7 +122,7 @@ def test_staleness_micro_study(tmp_path):
                     [r["time/step"] for r in rows if r.get("step", 0) > 1 and r["kind"] == "train"]
                 )
             )
-        assert data["timings"][name]["time/step"][0] == pytest.approx(np.mean(per_seed))
+        assert data["result"]["timings"][name]["time/step"][0] == pytest.approx(np.mean(per_seed))
 
 
 def test_difficulty_bins_partition_pass_rates():
