@@ -245,6 +245,13 @@ COMMANDS: dict[str, Run] = {
         + ("--mean=6", "--block=8", "--steps_per_call=4"),
         expect='"speedup"',
     ),
+    "python benchmarks/rollout.py --rl_steps=8": Run(
+        "bench_rollout_steps",
+        "bench_rollout",
+        ("--rl_steps=2", "--max_new=16", "--slots=4", "--prompts=4", "--group=2")
+        + ("--prompt_len=8", "--mean=6", "--block=8", "--steps_per_call=4"),
+        expect='"speedup_recompute"',
+    ),
     "python benchmarks/forward.py --suite=memory": Run(
         "bench_memory",
         "bench_forward_suites",
