@@ -4,7 +4,8 @@ Flags: `--config` (an ml_collections config file, locked: dotted overrides such 
 `--config.algo=dapo` or `--config.rollout.group_size=16` must name existing fields) and
 `--workdir` (checkpoints, metrics, plots; rerunning with the same workdir resumes).
 Multi-process runs start every process with the same flags plus, on GPU clusters,
-`--coordinator_address`, `--num_processes` and `--process_id` (TPU VMs detect these).
+`--coordinator_address`, `--num_processes` and `--process_id` (TPU VMs detect these);
+`--heartbeat_timeout_s` bounds how long the others run on after one of them dies.
 
 `--verbosity` (absl's): 0 shows progress bars and INFO lines; -1 warnings only; 1 adds
 DEBUG lines and the libraries' own INFO lines (`da3po_jax/cli.py`). `--helpfull` lists
@@ -49,6 +50,12 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index, 0-based.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_s",
+    100,
+    "Multi-process runs: seconds without a process's heartbeat after which the others stop "
+    "with an error naming it (a lost host never leaves the rest hanging).",
+)
 flags.mark_flags_as_required(["config"])
 
 
@@ -61,7 +68,9 @@ def main(argv: list[str]) -> None:
     from da3po_jax.runtime.signals import run_reporting_errors
 
     def run() -> None:
-        initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        initialize(
+            _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+        )
         train(_CONFIG.value, _WORKDIR.value)
 
     code = run_reporting_errors(run)

@@ -12,6 +12,7 @@ from da3po_jax.parallel.distributed import (
     initialize,
     is_main_process,
     local_rows,
+    sum_counts_over_hosts,
     sum_over_hosts,
     to_host,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "shard_batch",
     "shard_tree",
     "spec_for",
+    "sum_counts_over_hosts",
     "sum_over_hosts",
     "to_host",
     "tree_shardings",

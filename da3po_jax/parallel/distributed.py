@@ -11,6 +11,7 @@ array back to every host, e.g. rewards for logging.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -24,14 +25,26 @@ from da3po_jax.parallel.mesh import batch_sharding
 log = logging.getLogger(__name__)
 
 
-def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1):
+def initialize(
+    coordinator_address: str = "",
+    num_processes: int = 0,
+    process_id: int = -1,
+    heartbeat_timeout_s: int = 100,
+):
     """Starts JAX's multi-controller runtime when the run spans several processes.
 
     With explicit arguments (GPU clusters, local CPU tests) they are passed to
     `jax.distributed.initialize`; on a multi-host TPU slice (`TPU_WORKER_HOSTNAMES`
     lists more than one worker, or `MEGASCALE_*` is set) JAX detects everything itself.
     A single-host run needs nothing and calls nothing. Must run before any other JAX call.
+
+    A process that dies (a kill -9, a lost host) stops sending heartbeats: after
+    `heartbeat_timeout_s` seconds the coordination service ends every other process with
+    an error naming the lost task ("Task I heartbeat timeout"), so no host waits forever
+    in a collective; rerunning the command resumes from the last checkpoint.
     """
+    if heartbeat_timeout_s < 1:
+        raise ValueError(f"heartbeat_timeout_s={heartbeat_timeout_s}: must be >= 1 second")
     explicit = bool(coordinator_address) or num_processes > 1
     hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
     if not explicit and len(hosts) <= 1 and "MEGASCALE_COORDINATOR_ADDRESS" not in os.environ:
@@ -46,9 +59,14 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
         # collectives between CPU devices of different processes (only the CPU backend
         # reads this; GPU and TPU use NCCL / ICI)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+        jax.distributed.initialize(
+            coordinator_address,
+            num_processes,
+            process_id,
+            heartbeat_timeout_seconds=heartbeat_timeout_s,
+        )
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
     log.info(
         "process %d of %d: %d local / %d global devices",
         jax.process_index(),
@@ -142,3 +160,22 @@ def sum_over_hosts(x: np.ndarray) -> np.ndarray:
     if jax.process_count() == 1:
         return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(np.asarray(x))).sum(axis=0)
+
+
+def sum_counts_over_hosts(counts: dict[str, int], max_bytes: int = 1 << 16) -> dict[str, int]:
+    """Per-key sums of a host-local dict of counts over all processes (the hosts may
+    hold different keys; a key any host holds is in the result)."""
+    if jax.process_count() == 1:
+        return dict(counts)
+    raw = json.dumps({k: int(v) for k, v in counts.items()}, sort_keys=True).encode()
+    if len(raw) + 4 > max_bytes:
+        raise ValueError(f"counts of {len(raw)} bytes: more than {max_bytes} to gather")
+    buf = np.zeros(max_bytes, np.uint8)
+    buf[:4] = np.frombuffer(np.uint32(len(raw)).tobytes(), np.uint8)
+    buf[4 : 4 + len(raw)] = np.frombuffer(raw, np.uint8)
+    total: dict[str, int] = {}
+    for row in np.asarray(multihost_utils.process_allgather(buf)):
+        size = int(np.frombuffer(row[:4].tobytes(), np.uint32)[0])
+        for k, v in json.loads(row[4 : 4 + size].tobytes()).items():
+            total[k] = total.get(k, 0) + v
+    return dict(sorted(total.items()))

@@ -93,7 +93,15 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
 
 
 def shard_batch(tree, mesh: Mesh):
-    """Places every array of `tree` (full, global values on this process) with its leading
-    axis split over the batch axes. Single-process use; see `global_batch` for hosts that
-    each hold only their rows."""
-    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.shape(x))), tree)
+    """Places every array of `tree` (full, global values, the same on every process) with
+    its leading axis split over the batch axes; see `global_batch` for hosts that each
+    hold only their rows."""
+
+    def put(x):
+        sharding = batch_sharding(mesh, np.shape(x))
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, tree)

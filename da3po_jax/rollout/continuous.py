@@ -16,7 +16,15 @@ groups admitted at a version <= `version - max_staleness`, which the collector w
 before it ends the step (docs/algorithms.md, "Partial rollouts"). The returned batches
 then carry each token's policy version (`GroupBatch.version`).
 
-One process only: the slots, their host bookkeeping and the scoring live on it.
+Finished groups come back on a fixed schedule, not as their scoring happens to end: a
+decode call's groups are scored while the next call decodes and are returned by that next
+call (or, once nothing decodes, by the call after their own). So the groups a step keeps
+do not depend on timing, and every host returns the same ones.
+
+Several processes: the decoder splits the slots over the hosts' devices and keeps the
+same bookkeeping on every host (`sampling/continuous.py`); each host scores every
+process_count-th finished group (from its process index) and the verdicts are summed over
+the hosts, so every host packs the same batches.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
-from da3po_jax.parallel import shard_batch
+from da3po_jax.parallel import shard_batch, sum_counts_over_hosts, sum_over_hosts
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rollout.batch import GroupBatch, GroupScores, ScoredGroups
 from da3po_jax.rollout.encoder import PromptEncoder
@@ -72,11 +80,6 @@ class ContinuousEngine:
         max_staleness: int = 0,
         partial_kv: str = "keep",
     ):
-        if jax.process_count() > 1:
-            raise ValueError(
-                f"rollout.engine='continuous' runs in one process (this run has "
-                f"{jax.process_count()}); use rollout.engine='static'"
-            )
         self.decoder, self.encoder, self.scorer, self.mesh = decoder, encoder, scorer, mesh
         self.index_of = index_of
         g, s = decoder.group_size, decoder.sc.slots
@@ -161,16 +164,16 @@ class ContinuousEngine:
         if self._params is None:
             raise RuntimeError("ContinuousEngine.finished: call sync_weights(params) first")
         t0 = time.perf_counter()
+        newest = 0  # the scoring started by this call, which overlaps the next one
         if self.decoder.busy():
             groups = self.decoder.step(self._params)
             if groups:
                 starts = [gr.start_version for gr in groups]
                 self._scoring.append((self._pool.submit(self._score, groups), starts))
-        elif self._scoring:
-            futures.wait([self._scoring[0][0]])
+                newest = 1
         ready = []
-        while self._scoring and self._scoring[0][0].done():
-            ready.extend(self._pack(*self._scoring.popleft()[0].result()))
+        while len(self._scoring) > newest:  # a fixed schedule, not whichever is done
+            ready.extend(self._pack(*self._gather(*self._scoring.popleft()[0].result())))
         self._rollout_s += time.perf_counter() - t0
         if ready:
             ready[0].scores.seconds["rollout"] = self._rollout_s
@@ -197,17 +200,33 @@ class ContinuousEngine:
         self._in_flight = 0
         self.decoder.clear()
 
-    def _score(self, groups: list[FinishedGroup]) -> tuple[list, Verdicts, float]:
-        """(groups, their verdicts [F, G], seconds): the scoring thread."""
+    def _score(self, groups: list[FinishedGroup]) -> tuple[list, list[int], Verdicts, float]:
+        """The scoring thread: (groups, the indices of those this host scores (every
+        process_count-th from its index), their verdicts [F_host, G], seconds)."""
         t0 = time.perf_counter()
-        verdicts = score_responses(
-            self.encoder.tokenizer,
-            self.scorer,
-            np.stack([gr.tokens for gr in groups]),
-            np.stack([gr.lengths for gr in groups]),
-            [gr.tag.answer for gr in groups],
-        )
-        return groups, verdicts, time.perf_counter() - t0
+        mine = list(range(jax.process_index(), len(groups), jax.process_count()))
+        g = self.group_size
+        verdicts = Verdicts(np.zeros((0, g), np.float32), np.zeros((0, g), np.float32), {})
+        if mine:
+            verdicts = score_responses(
+                self.encoder.tokenizer,
+                self.scorer,
+                np.stack([groups[i].tokens for i in mine]),
+                np.stack([groups[i].lengths for i in mine]),
+                [groups[i].tag.answer for i in mine],
+            )
+        return groups, mine, verdicts, time.perf_counter() - t0
+
+    def _gather(self, groups, mine: list[int], verdicts: Verdicts, seconds: float):
+        """(groups, the verdicts of all of them [F, G], seconds): the hosts' shares summed
+        (each group is scored by one host, the others add zeros)."""
+        if jax.process_count() == 1:
+            return groups, verdicts, seconds
+        shape = (len(groups), self.group_size)
+        both = np.zeros((2, *shape), np.float32)
+        both[0, mine], both[1, mine] = verdicts.correct, verdicts.rewards
+        both = sum_over_hosts(both)
+        return groups, Verdicts(both[0], both[1], sum_counts_over_hosts(verdicts.stats)), seconds
 
     def _pack(self, groups, verdicts: Verdicts, seconds: float) -> list[ScoredGroups]:
         """Batches of `return_size` groups (the last padded with copies, marked invalid)."""

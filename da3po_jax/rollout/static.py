@@ -24,7 +24,7 @@ from da3po_jax.parallel import (
     global_batch,
     host_rows,
     local_rows,
-    sum_over_hosts,
+    sum_counts_over_hosts,
     to_host,
 )
 from da3po_jax.rewards import RewardScorer
@@ -193,15 +193,7 @@ def _sample_and_score(sampler, params, problems, rng, encoder, scorer, gen, mesh
         rewards=gather_host_rows(verdicts.rewards, mesh, n),
         lengths=all_lengths,
         truncated=to_host(out.truncated),
-        stats=_total_over_hosts(verdicts.stats),
+        stats=sum_counts_over_hosts(verdicts.stats),
         seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1},
     )
     return out, scores, verdicts
-
-
-def _total_over_hosts(stats: dict[str, int]) -> dict[str, int]:
-    if jax.process_count() == 1:
-        return stats
-    keys = sorted(stats)
-    totals = sum_over_hosts(np.asarray([stats.get(k, 0) for k in keys]))
-    return dict(zip(keys, totals.tolist()))

@@ -16,6 +16,11 @@ each version began for each row). Their keys/values are kept as they are, or com
 anew under the new weights (`refill`); `drop_cache` frees the cache meanwhile (the next
 call allocates it again and must be preceded by a `refill`).
 
+Several processes: the slots are split over the mesh's batch axes like a batch (each host
+decodes the slots on its devices), and every host reads back every slot's flags and every
+finished row, so all of them keep the same bookkeeping and take the same admission
+decisions from the same prompt stream.
+
 Randomness is the static sampler's (`sampler.py`): sample g of a prompt with key k draws
 token t with fold_in(fold_in(k, g), t), so both engines give the same tokens for the same
 keys (exactly for greedy; for sampling as long as the logits agree to the last bit that
@@ -36,6 +41,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from da3po_jax.models.config import ModelConfig
+from da3po_jax.parallel.distributed import to_host
 from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.sampling.sampler import GenerateConfig
 from da3po_jax.sampling.slots import (  # noqa: F401  (the device side, re-exported)
@@ -196,8 +202,9 @@ class SlotDecoder:
         self._slots, ran = decode_steps(
             self.graphdef, params, self._slots, gen=self.gen, steps=self.sc.steps_per_call
         )
-        running, step, stopped, ran = jax.device_get(
-            (self._slots.running, self._slots.step, self._slots.stopped, ran)
+        # every host reads every slot's flags: all take the same admission decisions
+        running, step, stopped, ran = (
+            to_host(x) for x in (self._slots.running, self._slots.step, self._slots.stopped, ran)
         )
         self._steps[:] = step
         self.decode_steps += int(ran)
@@ -298,7 +305,7 @@ class SlotDecoder:
         for start in range(0, len(done), h):
             chunk = done[start : start + h]
             rows = np.asarray(chunk + [chunk[0]] * (h - len(chunk)), np.int32)
-            toks, logp, slogp = jax.device_get(read_rows(self._slots, jnp.asarray(rows)))
+            toks, logp, slogp = (to_host(x) for x in read_rows(self._slots, jnp.asarray(rows)))
             for j, s in enumerate(chunk):
                 row = self._owner.pop(s)
                 group, i = row.group, row.sample

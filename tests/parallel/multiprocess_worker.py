@@ -4,13 +4,16 @@
 
 The device count comes from XLA_FLAGS set by the caller. Rewards come from a hash of
 the response text (a random policy is almost never right), so groups are mixed and the
-run is deterministic.
+run is deterministic. Environment: WORKER_ENGINE (rollout.engine, default static),
+WORKER_STEPS (train.steps, default 2), WORKER_KILL_AT=S (process 1 kills itself with
+SIGKILL as RL step S begins, a lost host) and WORKER_HEARTBEAT_S (default 100).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +32,8 @@ def main(argv: list[str]) -> None:
     from da3po_jax.parallel import initialize
 
     if len(argv) > 1:
-        initialize(argv[1], int(argv[2]), int(argv[3]))
+        heartbeat = int(os.environ.get("WORKER_HEARTBEAT_S", "100"))
+        initialize(argv[1], int(argv[2]), int(argv[3]), heartbeat)
     import jax
 
     print(
@@ -42,18 +46,39 @@ def main(argv: list[str]) -> None:
 
     smoke = _smoke_module()
     context_lib.RewardScorer = smoke.HashScorer
+    kill_at = int(os.environ.get("WORKER_KILL_AT", "0"))
+    if kill_at and jax.process_index() == 1:
+        _kill_at(kill_at)
     cfg = smoke.micro_config(
         "da3po",
         **{
             "rollout.prompts_per_round": 8,
+            "rollout.engine": os.environ.get("WORKER_ENGINE", "static"),
+            "rollout.slots": 8,
             "rl.train_prompts": 8,
             "rl.mini_batch_prompts": 4,
+            "train.steps": int(os.environ.get("WORKER_STEPS", "2")),
             "train.export_final": True,
             "eval.prompts_per_call": 8,
             "mesh.shape": (-1, 1, 1),
         },
     )
     train(cfg, workdir)
+
+
+def _kill_at(step: int) -> None:
+    """This process dies (SIGKILL: no handler, no flush) when RL step `step` begins."""
+    from da3po_jax.rollout import collector
+
+    collect = collector.Collector.collect
+
+    def dying(self, params, carry, key, version=0):
+        if version + 1 == step:
+            print(f"process 1: kill -9 at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return collect(self, params, carry, key, version)
+
+    collector.Collector.collect = dying
 
 
 if __name__ == "__main__":

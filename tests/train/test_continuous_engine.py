@@ -118,3 +118,33 @@ def test_same_metrics_on_one_and_eight_devices(tmp_path):
             else:
                 assert rb[k] == ra[k], k
     assert sum(r.get("ds/prompts", 0) for r in a) > 0
+
+
+@pytest.mark.slow
+def test_what_a_step_keeps_does_not_depend_on_scoring_time(tmp_path, monkeypatch):
+    """Finished groups come back on a fixed schedule: a verifier that takes longer than a
+    decode call on some batches changes no metric (before, a group came back whenever its
+    scoring happened to be done, so the batch a step kept depended on timing)."""
+    import time
+
+    from test_train_smoke import HashScorer
+
+    import da3po_jax.run.context as context_lib
+
+    class SlowScorer(HashScorer):
+        def score_batch(self, responses, references):
+            if self.calls % 2 == 0:
+                time.sleep(0.5)  # several decode calls of the micro model
+            return super().score_batch(responses, references)
+
+    overrides = {**CONTINUOUS, "train.steps": 2, "train.eval_every": 2, "ds.max_prompts": 12}
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    train(micro_config("da3po", **overrides), fast)
+    monkeypatch.setattr(context_lib, "RewardScorer", SlowScorer)
+    train(micro_config("da3po", **overrides), slow)
+    a, b = _rows(fast, "train"), _rows(slow, "train")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
+    for ra, rb in zip(a, b):
+        same = {k: v for k, v in ra.items() if not k.startswith(NOT_COMPARED)}
+        assert same == {k: v for k, v in rb.items() if not k.startswith(NOT_COMPARED)}
+    assert b[-1]["time/scoring"] > 0.5
