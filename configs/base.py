@@ -57,7 +57,9 @@ def get_config() -> config_dict.ConfigDict:
     c.data.synthetic_sft = 4000
 
     c.rollout = config_dict.ConfigDict()
-    c.rollout.engine = "static"  # static | continuous (rollout/engines.py: ENGINES)
+    # continuous (continuous batching over rollout.slots rows) | static (each round one
+    # batch decoded until its longest row stops); rollout/engines.py: ENGINES
+    c.rollout.engine = "continuous"
     c.rollout.slots = 64  # continuous: rows decoded together (S)
     c.rollout.steps_per_call = 16  # continuous: decode steps per jitted call (K)
     c.rollout.attention_block = 128  # continuous: keys per decode-attention block

@@ -68,9 +68,7 @@ def main(argv: list[str]) -> None:
     from da3po_jax.runtime.signals import run_reporting_errors
 
     def run() -> None:
-        initialize(
-            _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
-        )
+        initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value)
         train(_CONFIG.value, _WORKDIR.value)
 
     code = run_reporting_errors(run)

@@ -55,6 +55,7 @@ def base_config(steps: int, eval_every: int, micro: bool = False):
     c.train.steps, c.train.eval_every = steps, eval_every
     c.train.checkpoint_every = steps
     c.train.export_final = False
+    c.rollout.engine = "static"  # the engine docs/results.md's studies were run with
     if micro:
         c.tokenizer.vocab_size = 300
         c.data.synthetic_train, c.data.synthetic_eval, c.data.synthetic_sft = 64, 16, 64
@@ -297,6 +298,23 @@ def parse(argv=None, default_prefix="compare"):
     if args.quick:
         args.seeds, args.steps, args.eval_every = args.seeds[:2], 60, 20
     return args
+
+
+def step_means(workdir: str, steps: int, seeds, names, keys) -> dict:
+    """Per variant in `names`, the mean (and 95% CI over seeds) of each seed's mean of the
+    train metrics `keys` over the steps after the first (which compiles)."""
+    out = {}
+    for name in names:
+        per_seed: dict[str, list[float]] = {k: [] for k in keys}
+        for seed in seeds:
+            path = os.path.join(workdir, f"{name}_n{steps}_s{seed}", "metrics.jsonl")
+            with open(path) as f:
+                rows = [json.loads(line) for line in f]
+            rows = [r for r in rows if r["kind"] == "train" and r["step"] > 1]
+            for key, values in per_seed.items():
+                values.append(float(np.mean([r.get(key, 0.0) for r in rows])))
+        out[name] = {k: mean_ci(v) for k, v in per_seed.items()}
+    return out
 
 
 def run_study(args, variants: dict[str, dict], pairs, extra=None) -> dict:

@@ -14,12 +14,7 @@ trained tokens sampled one version before the step (`stale/token_lag_1`).
 
 from __future__ import annotations
 
-import json
-import os
-
-import numpy as np
-
-from experiments.compare import mean_ci, parse, run_study
+from experiments.compare import parse, run_study, step_means
 
 ENGINE = {"algo": "da3po", "rollout.engine": "continuous", "rollout.slots": 64}
 VARIANTS = {
@@ -31,17 +26,8 @@ VARIANTS = {
 def timings(workdir: str, steps: int, seeds) -> dict:
     """{"timings": per variant, the mean (and 95% CI over seeds) of the per-seed mean step
     / collect seconds and lag-1 token share, steps after the first}."""
-    out = {}
-    for name in VARIANTS:
-        per_seed = {"time/step": [], "time/collect": [], "stale/token_lag_1": []}
-        for seed in seeds:
-            path = os.path.join(workdir, f"{name}_n{steps}_s{seed}", "metrics.jsonl")
-            rows = [json.loads(line) for line in open(path)]
-            rows = [r for r in rows if r["kind"] == "train" and r["step"] > 1]
-            for key, values in per_seed.items():
-                values.append(float(np.mean([r.get(key, 0.0) for r in rows])))
-        out[name] = {k: mean_ci(v) for k, v in per_seed.items()}
-    return {"timings": out}
+    keys = ("time/step", "time/collect", "stale/token_lag_1")
+    return {"timings": step_means(workdir, steps, seeds, VARIANTS, keys)}
 
 
 def main(argv=None) -> None:

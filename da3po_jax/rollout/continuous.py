@@ -39,13 +39,19 @@ import numpy as np
 from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
-from da3po_jax.parallel import shard_batch, sum_counts_over_hosts, sum_over_hosts
+from da3po_jax.parallel import shard_batch, sum_counts_over_hosts, sum_over_hosts, to_host
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rollout.batch import GroupBatch, GroupScores, ScoredGroups
 from da3po_jax.rollout.encoder import PromptEncoder
 from da3po_jax.rollout.protocol import EngineParts
 from da3po_jax.rollout.scoring import Verdicts, score_responses
-from da3po_jax.sampling.continuous import FinishedGroup, SlotConfig, SlotDecoder
+from da3po_jax.sampling.continuous import (
+    FinishedGroup,
+    SlotConfig,
+    SlotDecoder,
+    group_shapes,
+    stack_groups,
+)
 from da3po_jax.sampling.sampler import SampleOutput
 
 
@@ -200,6 +206,47 @@ class ContinuousEngine:
         self._in_flight = 0
         self.decoder.clear()
 
+    # ------------------------------------------------------------- checkpoints
+    def snapshot(self) -> tuple[dict, dict]:
+        """The work in flight, for a checkpoint (partial rollouts): (arrays, meta), the
+        decoder's (`SlotDecoder.snapshot`) plus the finished groups still being scored
+        (saved as groups and scored again on restore; the verifier is deterministic)."""
+        arrays, meta = self.decoder.snapshot(lambda p: p.to_dict())
+        scoring = [f.result()[0] for f, _ in self._scoring]
+        flat = [gr for groups in scoring for gr in groups]
+        if flat:
+            arrays["scoring"] = self.decoder.replicate(stack_groups(flat))
+        meta["scoring"] = [[[gr.tag.to_dict(), gr.start_version] for gr in g] for g in scoring]
+        meta["in_flight"] = self._in_flight
+        return arrays, meta
+
+    def snapshot_shapes(self, meta: dict) -> dict:
+        """The abstract arrays of a `snapshot` with this `meta` (the restore target)."""
+        out = self.decoder.snapshot_shapes(meta)
+        n = sum(len(g) for g in meta["scoring"])
+        if n:
+            like = group_shapes(n, self.group_size, self.max_new_tokens)
+            out["scoring"] = self.decoder.replicate(like, abstract=True)
+        return out
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        """Puts a `snapshot` back: the decoder's state, and the finished groups that were
+        being scored submitted for scoring again, in their order."""
+        self.abandon()
+        self.decoder.restore(arrays, meta, _problem)
+        if meta["scoring"]:
+            buffers = {k: to_host(v) for k, v in arrays["scoring"].items()}
+        i = 0
+        for entry in meta["scoring"]:
+            groups = []
+            for tag, start in entry:
+                parts = {k: np.array(v[i]) for k, v in buffers.items()}
+                groups.append(FinishedGroup(_problem(tag), **parts, start_version=start))
+                i += 1
+            starts = [gr.start_version for gr in groups]
+            self._scoring.append((self._pool.submit(self._score, groups), starts))
+        self._in_flight = meta["in_flight"]
+
     def _score(self, groups: list[FinishedGroup]) -> tuple[list, list[int], Verdicts, float]:
         """The scoring thread: (groups, the indices of those this host scores (every
         process_count-th from its index), their verdicts [F_host, G], seconds)."""
@@ -271,3 +318,8 @@ class ContinuousEngine:
         if self.max_staleness:
             batch = batch.replace(version=stack("version"))
         return shard_batch(batch, self.mesh) if self.mesh is not None else jax.device_put(batch)
+
+
+def _problem(fields: dict) -> MathProblem:
+    """A `MathProblem` from its `to_dict()`."""
+    return MathProblem(**fields)

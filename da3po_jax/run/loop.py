@@ -27,15 +27,11 @@ from da3po_jax.update import PolicyUpdate, TrainState
 log = logging.getLogger(__name__)
 
 
-def _warn_in_flight(step: int, carried: int) -> None:
-    """A checkpoint saved while partial rollouts carry prompts does not hold them."""
-    if carried:
-        log.warning(
-            "checkpoint at step %d: the %d prompts in flight (partial rollouts) are not in "
-            "it; a run resumed from it goes on without them",
-            step,
-            carried,
-        )
+def _in_flight(engine, tree: dict, host: dict) -> None:
+    """Adds the work a partial-rollout engine carries into the next step to a checkpoint
+    (`tree["engine"]`, `host["engine"]`), so a resumed run goes on exactly from it."""
+    if engine.max_staleness:
+        tree["engine"], host["engine"] = engine.snapshot()
 
 
 class NonFiniteTraining(RuntimeError):
@@ -141,13 +137,14 @@ class RLTrainer:
         step = int(self.state.step)
         if step != self._saved_step:
             self._saved_step = step
-            _warn_in_flight(step, self.collector.engine.in_flight())
             host = {
                 "data": self.collector.iterator.state.to_dict(),
                 "config": self.settings.fingerprint(),
                 "eval_pending": self._eval_pending,
             }
-            self.checkpointer.save(step, {"train": self.state, "carry": self.carry}, host)
+            tree = {"train": self.state, "carry": self.carry}
+            _in_flight(self.collector.engine, tree, host)
+            self.checkpointer.save(step, tree, host)
 
     def restore(self) -> int:
         """Resumes from the newest good checkpoint in the workdir (a damaged newer one is
@@ -205,14 +202,22 @@ def eval_line(metrics: dict[str, float], k: int) -> str:
 def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, collector):
     """(step, state, carry, eval_pending) of the newest good checkpoint, with the
     collector's data position restored; None when there is none."""
-    path, fp = checkpointer.directory, settings.fingerprint()
+    path, fp, engine = checkpointer.directory, settings.fingerprint(), collector.engine
+
+    def like(host: dict) -> dict:
+        tree = {"train": state, "carry": carry}
+        if "engine" in host:  # partial rollouts: the work in flight
+            tree["engine"] = engine.snapshot_shapes(host["engine"])
+        return tree
+
     found = checkpointer.restore_latest(
-        {"train": state, "carry": carry},
-        lambda host: check_compatible(host.get("config", {}), fp, path),
+        like, lambda host: check_compatible(host.get("config", {}), fp, path)
     )
     if found is None:
         return None
     step, tree, host = found
+    if "engine" in host:
+        engine.restore(tree["engine"], host["engine"])
     try:
         collector.iterator.restore(host["data"])
     except (KeyError, ValueError) as e:

@@ -270,7 +270,8 @@ class Checkpointer:
         (with a warning) once an older good one is found.
 
         `check_host(host)` may refuse a step (e.g. an incompatible configuration): its
-        error propagates and nothing is moved.
+        error propagates and nothing is moved. `abstract_tree` may be a function of the
+        step's host JSON (a tree whose parts depend on what was saved).
 
         Raises:
           CheckpointError: checkpoints exist but none restores (nothing is moved).
@@ -282,7 +283,8 @@ class Checkpointer:
                 host = self._read_host(step)
                 if check_host is not None:
                     check_host(host)
-                tree, host = self.restore(step, abstract_tree, host)
+                like = abstract_tree(host) if callable(abstract_tree) else abstract_tree
+                tree, host = self.restore(step, like, host)
             except DamagedCheckpoint as e:
                 log.warning("checkpoint step %d is damaged, trying the one before: %s", step, e)
                 damaged.append((step, e))

@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.parallel.distributed import to_host
-from da3po_jax.parallel.mesh import batch_size_divisor
+from da3po_jax.parallel.mesh import batch_size_divisor, replicated
 from da3po_jax.sampling.sampler import GenerateConfig
 from da3po_jax.sampling.slots import (  # noqa: F401  (the device side, re-exported)
     SlotConfig,
@@ -261,6 +261,98 @@ class SlotDecoder:
         self._owner.clear()
         self._free = list(range(self.sc.slots))
 
+    # ------------------------------------------------------------- checkpoints
+    def snapshot(self, tag_json) -> tuple[dict, dict]:
+        """Everything in flight, for a checkpoint: (arrays, meta).
+
+        `arrays`: the slots (their keys/values unless dropped; sample keys as key data),
+        the buffers of the live groups stacked [n, G, N] (`stack_groups`) and the keys of
+        the queued prompts. `meta` (JSON): the host bookkeeping, each tag as
+        `tag_json(tag)`. `restore` puts a fresh decoder of the same settings back
+        exactly here."""
+        groups = self.live_groups()
+        index = {id(g): i for i, g in enumerate(groups)}
+        arrays = {}
+        if self._slots is not None:
+            slots = self._slots.replace(keys=jax.random.key_data(self._slots.keys))
+            arrays["slots"] = slots.replace(cache=None) if self._cache_dropped else slots
+        if groups:
+            arrays["groups"] = self.replicate(stack_groups(groups))
+        if self._queue:
+            keys = np.stack([np.asarray(jax.random.key_data(k)) for _, _, k in self._queue])
+            arrays["queue_keys"] = self.replicate(keys)
+        meta = {
+            "version": self.version,
+            "free": [int(s) for s in self._free],
+            "steps": self._steps.tolist(),
+            "slots": self._slots is not None,
+            "cache_dropped": self._cache_dropped,
+            "groups": [[tag_json(g.tag), g.start_version, g.left] for g in groups],
+            "rows": [
+                [s, index[id(r.group)], r.sample, [int(t) for t in r.prompt], r.versions]
+                for s, r in self._owner.items()  # in order: rows finish in it
+            ],
+            "queue": [[tag_json(tag), [int(t) for t in ids]] for tag, ids, _ in self._queue],
+        }
+        return arrays, meta
+
+    def snapshot_shapes(self, meta: dict) -> dict:
+        """The `jax.ShapeDtypeStruct`s (placed as saved) of `snapshot`'s arrays for `meta`."""
+        out = {}
+        if meta["slots"]:
+            if self.mesh is not None:
+                like = slot_shapes(self.cfg, self.gen, self.sc, self.mesh)
+            else:
+                empty = jax.eval_shape(lambda: init_slots(self.cfg, self.gen, self.sc))
+                like = self.replicate(empty, abstract=True)
+            data = jax.eval_shape(jax.random.key_data, like.keys)
+            keys = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=like.keys.sharding)
+            like = like.replace(keys=keys)
+            out["slots"] = like.replace(cache=None) if meta["cache_dropped"] else like
+        g, n = self.group_size, self.gen.max_new_tokens
+        if meta["groups"]:
+            out["groups"] = self.replicate(group_shapes(len(meta["groups"]), g, n), abstract=True)
+        if meta["queue"]:
+            one = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+            shape = jax.ShapeDtypeStruct((len(meta["queue"]), *one.shape), one.dtype)
+            out["queue_keys"] = self.replicate(shape, abstract=True)
+        return out
+
+    def restore(self, arrays: dict, meta: dict, tag_of) -> None:
+        """Puts the state `snapshot` saved back (tags rebuilt with `tag_of(json)`)."""
+        self.clear()
+        self.version, self._free = meta["version"], list(meta["free"])
+        self._steps[:] = meta["steps"]
+        if meta["slots"]:
+            slots = arrays["slots"]
+            self._slots = slots.replace(keys=jax.random.wrap_key_data(slots.keys))
+            self._cache_dropped = meta["cache_dropped"]
+        groups = []
+        if meta["groups"]:
+            buffers = {k: to_host(v) for k, v in arrays["groups"].items()}
+            for i, (tag, start, left) in enumerate(meta["groups"]):
+                parts = {k: np.array(v[i]) for k, v in buffers.items()}
+                groups.append(FinishedGroup(tag_of(tag), **parts, start_version=start, left=left))
+        for s, gi, sample, prompt, versions in meta["rows"]:
+            self._owner[s] = _Row(groups[gi], sample, prompt, [tuple(v) for v in versions])
+        if meta["queue"]:
+            keys = jax.random.wrap_key_data(jnp.asarray(to_host(arrays["queue_keys"])))
+            for i, (tag, ids) in enumerate(meta["queue"]):
+                self._queue.append((tag_of(tag), ids, keys[i]))
+
+    def replicate(self, tree, abstract: bool = False):
+        """`tree` (arrays, or `ShapeDtypeStruct`s when `abstract`) placed whole on every
+        device of the mesh (on the default device without one)."""
+        if self.mesh is None:
+            sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        else:
+            sharding = replicated(self.mesh)
+        if abstract:
+            return jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+            )
+        return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
     def _ensure_slots(self) -> None:
         """Allocates the slots (or, after `drop_cache`, their cache) if they are not there."""
         if self._slots is None:
@@ -319,6 +411,23 @@ class SlotDecoder:
                 if not group.left:
                     finished.append(group)
         return finished
+
+
+GROUP_BUFFERS = ("tokens", "logp", "sample_logp", "lengths", "truncated", "version")
+
+
+def stack_groups(groups: Sequence[FinishedGroup]) -> dict[str, np.ndarray]:
+    """The buffers of `groups` (`GROUP_BUFFERS`), each stacked [n, G, ...]."""
+    return {k: np.stack([getattr(g, k) for g in groups]) for k in GROUP_BUFFERS}
+
+
+def group_shapes(n: int, g: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """`stack_groups`'s shapes for n groups of G rows of `length` tokens."""
+    like = FinishedGroup.empty(None, g, length, 0)
+    return {
+        k: jax.ShapeDtypeStruct((n, *getattr(like, k).shape), getattr(like, k).dtype)
+        for k in GROUP_BUFFERS
+    }
 
 
 def generate_continuous(

@@ -20,6 +20,8 @@ from da3po_jax.run import train  # noqa: E402
 from da3po_jax.run.build import update_config  # noqa: E402
 
 G = 4  # micro_config's group size
+# wall-clock metrics, and compile counts (a resumed run reuses this process's programs)
+NOT_COMPARED = ("time/", "throughput/", "perf/", "compile/")
 PARTIAL = {
     "rollout.engine": "continuous",
     "rollout.slots": 8,
@@ -79,3 +81,80 @@ def test_groups_span_versions_within_the_bound(tmp_path, partial_kv, staleness):
     # nothing admitted is lost: returned + still in flight = admitted
     returned = sum(r["samples/generated"] for r in rows) / G
     assert returned + rows[-1]["stale/in_flight"] == sum(r["ds/prompts"] for r in rows)
+
+
+_KILLED_AT_3 = """
+import json, os, signal, sys
+sys.path.insert(0, {here!r})
+import da3po_jax.run.context as context_lib
+from test_train_smoke import HashScorer, micro_config
+from da3po_jax.run import train
+from da3po_jax.run.loop import RLTrainer
+context_lib.RewardScorer = HashScorer
+step = RLTrainer.step
+def dying(self):
+    if int(self.state.step) == 2:  # step 3 begins: step 2's checkpoint is written, then
+        self.checkpointer.wait()
+        os.kill(os.getpid(), signal.SIGKILL)  # no handler, nothing flushed
+    return step(self)
+RLTrainer.step = dying
+train(micro_config("da3po", **json.loads({overrides!r})), {workdir!r})
+"""
+
+
+def _final_params(workdir: str) -> list[np.ndarray]:
+    from safetensors.numpy import load_file
+
+    folder = os.path.join(workdir, "final_model")
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, name)))
+    return [out[k] for k in sorted(out)]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("hash_scorer")
+@pytest.mark.parametrize("partial_kv", ["keep", "recompute"])
+def test_kill_9_with_work_in_flight_then_resume_is_exact(tmp_path, partial_kv):
+    """Partial rollouts, 4 steps, checkpoint at 2: killed with SIGKILL as step 3 begins,
+    the checkpoint holds the work in flight (slots, keys/values with `keep`, row
+    buffers, versions, sample keys, queue, groups being scored) and the resumed run ends
+    bitwise as the uninterrupted one (weights and every logged metric)."""
+    import json
+    import subprocess
+
+    overrides = {
+        **PARTIAL,
+        "rollout.partial_kv": partial_kv,
+        "train.steps": 4,
+        "train.eval_every": 0,
+        "train.checkpoint_every": 2,
+        "train.export_final": True,
+    }
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    train(micro_config("da3po", **overrides), whole)
+    code = _KILLED_AT_3.format(
+        here=os.path.dirname(os.path.abspath(__file__)),
+        overrides=json.dumps(overrides),
+        workdir=killed,
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == -9, proc.stderr[-4000:]
+    assert sorted(os.listdir(os.path.join(killed, "checkpoints"))) == ["2"]
+    with open(os.path.join(killed, "checkpoints", "2", "host", "metadata")) as f:
+        carried = json.load(f)["engine"]
+    assert carried["in_flight"] > 0 and carried["rows"], "nothing was in flight at step 2"
+    train(micro_config("da3po", **overrides), killed)  # resumes at step 2
+    a, b = _final_params(whole), _final_params(killed)
+    assert len(a) == len(b) > 0 and all(np.array_equal(x, y) for x, y in zip(a, b))
+    rows = {}
+    for name, w in (("whole", whole), ("killed", killed)):
+        rows[name] = [
+            {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in read_rows(w)
+        ]
+    assert [r["step"] for r in rows["killed"]] == [1, 2, 3, 4]
+    assert rows["killed"] == rows["whole"]

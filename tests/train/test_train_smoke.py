@@ -34,6 +34,9 @@ def micro_config(algo: str = "da3po", **overrides):
     c = load_config("tiny_math.py")
     c.algo = algo
     c.model.preset = "tiny-qwen2"
+    # the static engine, the reference in exactness tests; tests of the continuous engine
+    # (the default) name it
+    c.rollout.engine = "static"
     c.tokenizer.vocab_size = 300
     c.data.synthetic_train, c.data.synthetic_eval, c.data.synthetic_sft = 64, 8, 32
     c.rollout.prompts_per_round, c.rollout.group_size = 4, 4
