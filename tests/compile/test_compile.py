@@ -131,7 +131,7 @@ def _check(report: dict, used: set[str]) -> None:
 @needs_libtpu
 @pytest.mark.slow
 def test_the_tiny_run_compiles_for_v5e_4():
-    report = _compile("v5e-4")
+    report = _compile("v5e-4", "--config.rollout.engine=static")  # the default: below
     assert report["mesh"] == [4, 1, 1] and report["attention"] == "splash"
     _check(report, {"update_packed", "ds_round", "sampler", "eval_generate"})
 

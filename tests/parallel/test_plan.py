@@ -62,6 +62,7 @@ def tiny_cfg():
     c = load_config("tiny_math")
     c.eval.prompts_per_call = 4  # keep the rollout cache the larger one
     c.mesh.shape = (1, 1, 1)
+    c.rollout.engine = "static"  # the sampler's cache (the slots': the tests below)
     return c
 
 
