@@ -109,6 +109,7 @@ REAL = ONE_STEP + _o(
     eval__prompts_per_call=2,
     reward__num_workers=1,
     model__logits_chunk=64,
+    rollout__slots=8,  # the continuous engine's (a multiple of the 8 simulated devices)
 )
 # configs/tiny_opd.py caches its teacher and student under /tmp/da3po_tiny_opd.
 TINY_OPD = TINY + ONE_STEP + ("--config.teacher.sft_steps=4",)

@@ -133,15 +133,13 @@ class RLTrainer:
         return evals
 
     def save(self) -> None:
-        """Checkpoints the train state, the carry and the data position (once per step)."""
+        """Checkpoints the train state, the carry, the data position and the work in flight
+        (once per step)."""
         step = int(self.state.step)
         if step != self._saved_step:
             self._saved_step = step
-            host = {
-                "data": self.collector.iterator.state.to_dict(),
-                "config": self.settings.fingerprint(),
-                "eval_pending": self._eval_pending,
-            }
+            host = {"data": self.collector.iterator.state.to_dict()}
+            host.update(config=self.settings.fingerprint(), eval_pending=self._eval_pending)
             tree = {"train": self.state, "carry": self.carry}
             _in_flight(self.collector.engine, tree, host)
             self.checkpointer.save(step, tree, host)

@@ -130,7 +130,7 @@ def test_continuous_engine_on_two_processes_through_a_killed_host(tmp_path):
     assert ref.returncode == 0, ref.stderr[-4000:]
     assert "compile/decode_steps" in _rows(single, "train")[0]  # the slot decoder ran
 
-    multi, heartbeat = str(tmp_path / "multi"), 10
+    multi, heartbeat = str(tmp_path / "multi"), 5
     t0 = time.monotonic()
     killed = _two_processes(multi, WORKER_KILL_AT="3", WORKER_HEARTBEAT_S=str(heartbeat), **steps)
     elapsed = time.monotonic() - t0
