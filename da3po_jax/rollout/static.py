@@ -3,8 +3,7 @@
 Every prompt of a round is prefilled once and its G rows decode until the longest stops;
 this host's rows are decoded to text and scored in the reward worker pool
 (`rollout/scoring.py`), and the round comes back whole as one `GroupBatch`. Simple and
-exact: the reference the continuous engine is tested against, and the engine of
-multi-host runs.
+exact: the reference the continuous engine (the default) is tested against.
 """
 
 from __future__ import annotations
