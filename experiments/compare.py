@@ -334,6 +334,20 @@ def run_study(args, variants: dict[str, dict], pairs, extra=None) -> dict:
     )
 
 
+def timed_study(argv, prefix: str, variants: dict[str, dict], pairs, keys) -> dict:
+    """`run_study` whose result also holds, under "timings", `step_means` of the train
+    metrics `keys` per variant; prints them."""
+    args = parse(argv, default_prefix=prefix)
+
+    def timings(workdir: str, steps: int, seeds) -> dict:
+        return {"timings": step_means(workdir, steps, seeds, variants, keys)}
+
+    result = run_study(args, variants, pairs, extra=timings)
+    for name, t in result["timings"].items():
+        print(f"{name}: " + ", ".join(f"{k} {m:.3f} +- {h:.3f}" for k, (m, h) in t.items()))
+    return result
+
+
 def main(argv=None) -> None:
     run_study(parse(argv), ALGOS, [("dapo", "grpo"), ("da3po", "grpo"), ("da3po", "dapo")])
 

@@ -16,7 +16,7 @@ its collect stage (steps after the first, which compiles).
 
 from __future__ import annotations
 
-from experiments.compare import parse, run_study, step_means
+from experiments.compare import timed_study
 
 VARIANTS = {
     "static": {"algo": "da3po", "rollout.engine": "static"},
@@ -24,20 +24,9 @@ VARIANTS = {
 }
 
 
-def timings(workdir: str, steps: int, seeds) -> dict:
-    """{"timings": per variant, mean step / collect seconds (95% CI over seeds)}."""
-    keys = ("time/step", "time/collect")
-    return {"timings": step_means(workdir, steps, seeds, VARIANTS, keys)}
-
-
 def main(argv=None) -> None:
-    args = parse(argv, default_prefix="engines")
-    result = run_study(args, VARIANTS, [("continuous", "static")], extra=timings)
-    for name, t in result["timings"].items():
-        print(
-            f"{name}: {t['time/step'][0]:.2f} +- {t['time/step'][1]:.2f} s/step, "
-            f"collect {t['time/collect'][0]:.2f} s"
-        )
+    keys = ("time/step", "time/collect")
+    timed_study(argv, "engines", VARIANTS, [("continuous", "static")], keys)
 
 
 if __name__ == "__main__":

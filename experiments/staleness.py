@@ -14,7 +14,7 @@ trained tokens sampled one version before the step (`stale/token_lag_1`).
 
 from __future__ import annotations
 
-from experiments.compare import parse, run_study, step_means
+from experiments.compare import timed_study
 
 ENGINE = {"algo": "da3po", "rollout.engine": "continuous", "rollout.slots": 64}
 VARIANTS = {
@@ -23,21 +23,9 @@ VARIANTS = {
 }
 
 
-def timings(workdir: str, steps: int, seeds) -> dict:
-    """{"timings": per variant, the mean (and 95% CI over seeds) of the per-seed mean step
-    / collect seconds and lag-1 token share, steps after the first}."""
-    keys = ("time/step", "time/collect", "stale/token_lag_1")
-    return {"timings": step_means(workdir, steps, seeds, VARIANTS, keys)}
-
-
 def main(argv=None) -> None:
-    args = parse(argv, default_prefix="staleness")
-    result = run_study(args, VARIANTS, [("partial", "sync")], extra=timings)
-    for name, t in result["timings"].items():
-        print(
-            f"{name}: {t['time/step'][0]:.2f} +- {t['time/step'][1]:.2f} s/step, collect "
-            f"{t['time/collect'][0]:.2f} s, lag-1 tokens {t['stale/token_lag_1'][0]:.3f}"
-        )
+    keys = ("time/step", "time/collect", "stale/token_lag_1")
+    timed_study(argv, "staleness", VARIANTS, [("partial", "sync")], keys)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from da3po_jax.parallel.distributed import (
     sum_counts_over_hosts,
     sum_over_hosts,
     to_host,
+    tree_to_host,
 )
 from da3po_jax.parallel.mesh import (
     AXES,
@@ -55,4 +56,5 @@ __all__ = [
     "sum_over_hosts",
     "to_host",
     "tree_shardings",
+    "tree_to_host",
 ]

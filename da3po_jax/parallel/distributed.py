@@ -148,6 +148,14 @@ def to_host(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def tree_to_host(tree):
+    """`to_host` of every array of `tree`: one batched `jax.device_get` in one process,
+    an all-gather per array that spans several."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return jax.tree.map(to_host, tree)
+
+
 def gather_host_rows(local: np.ndarray, mesh: Mesh | None, n: int) -> np.ndarray:
     """Every host's rows of an n-row host-side array, concatenated in global order."""
     if mesh is None or jax.process_count() == 1:

@@ -39,7 +39,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from da3po_jax.data import MathProblem
-from da3po_jax.parallel import shard_batch, sum_counts_over_hosts, sum_over_hosts, to_host
+from da3po_jax.parallel import shard_batch, sum_counts_over_hosts, sum_over_hosts
 from da3po_jax.rewards import RewardScorer
 from da3po_jax.rollout.batch import GroupBatch, GroupScores, ScoredGroups
 from da3po_jax.rollout.encoder import PromptEncoder
@@ -51,6 +51,7 @@ from da3po_jax.sampling.continuous import (
     SlotDecoder,
     group_shapes,
     stack_groups,
+    unstack_groups,
 )
 from da3po_jax.sampling.sampler import SampleOutput
 
@@ -216,16 +217,16 @@ class ContinuousEngine:
         flat = [gr for groups in scoring for gr in groups]
         if flat:
             arrays["scoring"] = self.decoder.replicate(stack_groups(flat))
-        meta["scoring"] = [[[gr.tag.to_dict(), gr.start_version] for gr in g] for g in scoring]
+        meta["scoring_sizes"] = [len(g) for g in scoring]
+        meta["scoring"] = [[gr.tag.to_dict(), gr.start_version, 0] for gr in flat]
         meta["in_flight"] = self._in_flight
         return arrays, meta
 
     def snapshot_shapes(self, meta: dict) -> dict:
         """The abstract arrays of a `snapshot` with this `meta` (the restore target)."""
         out = self.decoder.snapshot_shapes(meta)
-        n = sum(len(g) for g in meta["scoring"])
-        if n:
-            like = group_shapes(n, self.group_size, self.max_new_tokens)
+        if meta["scoring"]:
+            like = group_shapes(len(meta["scoring"]), self.group_size, self.max_new_tokens)
             out["scoring"] = self.decoder.replicate(like, abstract=True)
         return out
 
@@ -234,15 +235,9 @@ class ContinuousEngine:
         being scored submitted for scoring again, in their order."""
         self.abandon()
         self.decoder.restore(arrays, meta, _problem)
-        if meta["scoring"]:
-            buffers = {k: to_host(v) for k, v in arrays["scoring"].items()}
-        i = 0
-        for entry in meta["scoring"]:
-            groups = []
-            for tag, start in entry:
-                parts = {k: np.array(v[i]) for k, v in buffers.items()}
-                groups.append(FinishedGroup(_problem(tag), **parts, start_version=start))
-                i += 1
+        flat = unstack_groups(arrays.get("scoring"), meta["scoring"], _problem)
+        for size in meta["scoring_sizes"]:
+            groups, flat = flat[:size], flat[size:]
             starts = [gr.start_version for gr in groups]
             self._scoring.append((self._pool.submit(self._score, groups), starts))
         self._in_flight = meta["in_flight"]

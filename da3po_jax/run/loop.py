@@ -27,11 +27,20 @@ from da3po_jax.update import PolicyUpdate, TrainState
 log = logging.getLogger(__name__)
 
 
-def _in_flight(engine, tree: dict, host: dict) -> None:
-    """Adds the work a partial-rollout engine carries into the next step to a checkpoint
-    (`tree["engine"]`, `host["engine"]`), so a resumed run goes on exactly from it."""
+def _checkpoint(trainer: RLTrainer) -> tuple[dict, dict]:
+    """(device tree, host JSON) of a checkpoint: the train state, the carry, the data
+    position, and the work a partial-rollout engine carries into the next step
+    (`engine`), so a resumed run goes on exactly from it."""
+    engine = trainer.collector.engine
+    tree = {"train": trainer.state, "carry": trainer.carry}
+    host = {
+        "data": trainer.collector.iterator.state.to_dict(),
+        "config": trainer.settings.fingerprint(),
+        "eval_pending": trainer._eval_pending,
+    }
     if engine.max_staleness:
         tree["engine"], host["engine"] = engine.snapshot()
+    return tree, host
 
 
 class NonFiniteTraining(RuntimeError):
@@ -138,11 +147,7 @@ class RLTrainer:
         step = int(self.state.step)
         if step != self._saved_step:
             self._saved_step = step
-            host = {"data": self.collector.iterator.state.to_dict()}
-            host.update(config=self.settings.fingerprint(), eval_pending=self._eval_pending)
-            tree = {"train": self.state, "carry": self.carry}
-            _in_flight(self.collector.engine, tree, host)
-            self.checkpointer.save(step, tree, host)
+            self.checkpointer.save(step, *_checkpoint(self))
 
     def restore(self) -> int:
         """Resumes from the newest good checkpoint in the workdir (a damaged newer one is

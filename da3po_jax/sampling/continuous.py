@@ -41,7 +41,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.parallel.distributed import to_host
+from da3po_jax.parallel.distributed import tree_to_host
 from da3po_jax.parallel.mesh import batch_size_divisor, replicated
 from da3po_jax.sampling.sampler import GenerateConfig
 from da3po_jax.sampling.slots import (  # noqa: F401  (the device side, re-exported)
@@ -203,8 +203,8 @@ class SlotDecoder:
             self.graphdef, params, self._slots, gen=self.gen, steps=self.sc.steps_per_call
         )
         # every host reads every slot's flags: all take the same admission decisions
-        running, step, stopped, ran = (
-            to_host(x) for x in (self._slots.running, self._slots.step, self._slots.stopped, ran)
+        running, step, stopped, ran = tree_to_host(
+            (self._slots.running, self._slots.step, self._slots.stopped, ran)
         )
         self._steps[:] = step
         self.decode_steps += int(ran)
@@ -327,16 +327,11 @@ class SlotDecoder:
             slots = arrays["slots"]
             self._slots = slots.replace(keys=jax.random.wrap_key_data(slots.keys))
             self._cache_dropped = meta["cache_dropped"]
-        groups = []
-        if meta["groups"]:
-            buffers = {k: to_host(v) for k, v in arrays["groups"].items()}
-            for i, (tag, start, left) in enumerate(meta["groups"]):
-                parts = {k: np.array(v[i]) for k, v in buffers.items()}
-                groups.append(FinishedGroup(tag_of(tag), **parts, start_version=start, left=left))
+        groups = unstack_groups(arrays.get("groups"), meta["groups"], tag_of)
         for s, gi, sample, prompt, versions in meta["rows"]:
             self._owner[s] = _Row(groups[gi], sample, prompt, [tuple(v) for v in versions])
         if meta["queue"]:
-            keys = jax.random.wrap_key_data(jnp.asarray(to_host(arrays["queue_keys"])))
+            keys = jax.random.wrap_key_data(jnp.asarray(tree_to_host(arrays["queue_keys"])))
             for i, (tag, ids) in enumerate(meta["queue"]):
                 self._queue.append((tag_of(tag), ids, keys[i]))
 
@@ -397,7 +392,7 @@ class SlotDecoder:
         for start in range(0, len(done), h):
             chunk = done[start : start + h]
             rows = np.asarray(chunk + [chunk[0]] * (h - len(chunk)), np.int32)
-            toks, logp, slogp = (to_host(x) for x in read_rows(self._slots, jnp.asarray(rows)))
+            toks, logp, slogp = tree_to_host(read_rows(self._slots, jnp.asarray(rows)))
             for j, s in enumerate(chunk):
                 row = self._owner.pop(s)
                 group, i = row.group, row.sample
@@ -419,6 +414,23 @@ GROUP_BUFFERS = ("tokens", "logp", "sample_logp", "lengths", "truncated", "versi
 def stack_groups(groups: Sequence[FinishedGroup]) -> dict[str, np.ndarray]:
     """The buffers of `groups` (`GROUP_BUFFERS`), each stacked [n, G, ...]."""
     return {k: np.stack([getattr(g, k) for g in groups]) for k in GROUP_BUFFERS}
+
+
+def unstack_groups(buffers, metas, tag_of) -> list[FinishedGroup]:
+    """The groups `stack_groups` stacked into `buffers` (None when there are none), each
+    rebuilt with its (tag json, start version, rows left) of `metas`."""
+    if not metas:
+        return []
+    host = tree_to_host(buffers)
+    return [
+        FinishedGroup(
+            tag_of(tag),
+            **{k: np.array(v[i]) for k, v in host.items()},
+            start_version=start,
+            left=left,
+        )
+        for i, (tag, start, left) in enumerate(metas)
+    ]
 
 
 def group_shapes(n: int, g: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
