@@ -160,6 +160,9 @@ def get_config() -> config_dict.ConfigDict:
     c.reward.timeout_s = 5.0
     c.reward.num_workers = 2
     c.reward.verifier = "builtin"  # builtin | math_verify (needs: pip install math-verify)
+    # last_expression | none: the answer of a response with no box, `Answer:` line or
+    # "the answer is": its last math expression or number, or none
+    c.reward.fallback = "last_expression"
 
     c.optim = config_dict.ConfigDict()
     c.optim.lr = 1e-6

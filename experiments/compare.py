@@ -56,6 +56,7 @@ def base_config(steps: int, eval_every: int, micro: bool = False):
     c.train.checkpoint_every = steps
     c.train.export_final = False
     c.rollout.engine = "static"  # the engine docs/results.md's studies were run with
+    c.reward.fallback = "none"  # and the verifier's reading (no last-expression fallback)
     if micro:
         c.tokenizer.vocab_size = 300
         c.data.synthetic_train, c.data.synthetic_eval, c.data.synthetic_sft = 64, 16, 64

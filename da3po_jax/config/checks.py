@@ -19,7 +19,7 @@ from da3po_jax.models.config import (
     REMAT_POLICY_CHOICES,
 )
 from da3po_jax.models.presets import PRESETS
-from da3po_jax.rewards.scorer import VERIFIERS
+from da3po_jax.rewards.scorer import FALLBACKS, VERIFIERS
 from da3po_jax.rl import ADVANTAGE_ESTIMATORS, AGG_MODES, DAA_RULES
 from da3po_jax.rollout.engines import ENGINES
 
@@ -126,6 +126,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "reward.timeout_s": _positive,
     "reward.num_workers": _non_negative,
     "reward.verifier": _choice(*VERIFIERS),
+    "reward.fallback": _choice(*FALLBACKS),
     "optim.lr": _positive,
     "optim.warmup_steps": _non_negative,
     "optim.schedule": _choice("constant", "cosine"),

@@ -90,6 +90,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "rollout.gather_weights": True,
     "rollout.max_staleness": 0,
     "rollout.partial_kv": "keep",
+    # runs before it read no answer from a response without a box or `Answer:` line
+    "reward.fallback": "none",
 }
 
 

@@ -186,6 +186,7 @@ class RewardSettings:
     timeout_s: float
     num_workers: int
     verifier: str
+    fallback: str
 
 
 @dataclasses.dataclass(frozen=True)

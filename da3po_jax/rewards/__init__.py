@@ -14,10 +14,13 @@ at a hard per-response timeout.
 """
 
 from da3po_jax.rewards.extract import (
+    FALLBACKS,
     extract_answer,
     extract_answer_line,
     extract_boxed,
     extract_boxes,
+    extract_reference,
+    last_expression,
 )
 from da3po_jax.rewards.latex import ParseError, eval_rational, parse_math
 from da3po_jax.rewards.normalize import normalize_answer
@@ -39,6 +42,7 @@ from da3po_jax.rewards.verify import (
 )
 
 __all__ = [
+    "FALLBACKS",
     "STATUSES",
     "VERIFIERS",
     "BatchScores",
@@ -50,8 +54,10 @@ __all__ = [
     "extract_answer_line",
     "extract_boxed",
     "extract_boxes",
+    "extract_reference",
     "fast_verdict",
     "is_equivalent",
+    "last_expression",
     "normalize_answer",
     "parse_math",
     "parse_number",

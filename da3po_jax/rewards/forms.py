@@ -9,8 +9,10 @@ or a regex without nested quantifiers, over strings that `verify` has already ca
 
 * relations (`x \\geq 5`, `5 \\leq x`, `3 < x \\leq 7`): a variable bounded by values
   becomes the interval it describes (`[5,\\infty)`), so it matches an interval or the same
-  relation written the other way round; other relations match side by side, directly or
-  mirrored (`a < b` is `b > a`);
+  relation written the other way round; `x \\neq 2` becomes the two intervals of the line
+  without 2 (`(-\\infty,2)\\cup(2,\\infty)`); two bounds joined by `and` become one chain
+  (`intersect_bounds`, called by `normalize_answer`); other relations match side by side,
+  directly or mirrored (`a < b` is `b > a`);
 * matrices (`pmatrix`, `bmatrix`, `matrix`, `array`, ...): rows and entries, compared entry
   by entry (a determinant `vmatrix` only matches another `vmatrix`);
 * labels (`AB = 4`, `x_1 = 2`): a short name on the left of one `=`; a labelled answer
@@ -35,9 +37,11 @@ __all__ = [
     "MIRROR",
     "as_interval",
     "decimal_comma",
+    "excluded_point",
     "equation_sides",
     "equations_equal",
     "has_relation",
+    "intersect_bounds",
     "is_plain_decimal",
     "matrix_entries",
     "relation_parts",
@@ -144,6 +148,46 @@ def as_interval(s: str) -> str | None:
     if not all(op in ("<", "\\leq") for op in ops):
         return None
     return _bound(low, ops[0] == "\\leq", lower=True) + "," + _bound(high, ops[1] == "\\leq", False)
+
+
+def _one_bound(s: str) -> tuple[str, bool, str, str] | None:
+    """`x \\geq -2` -> `("x", True, "-2", "\\leq")`: (variable, is a lower bound, value,
+    the relation as written in a chain `value op x` or `x op value`); None if `s` is not one
+    variable bounded on one side by a value."""
+    parts = relation_parts(s)
+    if parts is None or len(parts[1]) != 1 or parts[1][0] == "\\neq":
+        return None
+    (lhs, rhs), op = parts[0], parts[1][0]
+    if _is_variable(rhs) and _is_value(lhs):
+        lhs, rhs, op = rhs, lhs, MIRROR[op]
+    if not (_is_variable(lhs) and _is_value(rhs)):
+        return None
+    lower = op in (">", "\\geq")
+    return lhs, lower, rhs, MIRROR[op] if lower else op
+
+
+def intersect_bounds(a: str, b: str) -> str | None:
+    """Two bounds on one variable, one lower and one upper, as the chain they mean together:
+    `x \\geq -2` and `x \\leq 7` -> `-2 \\leq x \\leq 7` (None for any other pair)."""
+    first, second = _one_bound(a), _one_bound(b)
+    if first is None or second is None or first[0] != second[0] or first[1] == second[1]:
+        return None
+    low, high = (first, second) if first[1] else (second, first)
+    return f"{low[2]} {low[3]} {low[0]} {high[3]} {high[2]}"
+
+
+def excluded_point(s: str) -> str | None:
+    """`x \\neq 2` -> `(-\\infty,2),(2,\\infty)`: the line without one point, as the list of
+    its two intervals (what `(-\\infty,2)\\cup(2,\\infty)` normalises to); else None."""
+    parts = relation_parts(s)
+    if parts is None or parts[1] != ["\\neq"]:
+        return None
+    lhs, rhs = parts[0]
+    if _is_variable(rhs) and _is_value(lhs):
+        lhs, rhs = rhs, lhs
+    if not (_is_variable(lhs) and _is_value(rhs)):
+        return None
+    return f"(-\\infty,{rhs}),({rhs},\\infty)"
 
 
 def _unwrap_matrix(s: str) -> str:

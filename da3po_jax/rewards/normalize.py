@@ -14,12 +14,16 @@ answers already match as strings and never need sympy:
   degrees (`^\\circ`) and percent signs (`\\%`, `28 percent`) are removed, so `50\\%`
   matches `50` (but *not* `0.5`: a percentage and a fraction are different answers to most
   questions);
-* thousands separators are removed only when the whole answer is one number
-  (`1,000`, `1{,}000`, `1\\,000`), never inside tuples: `(1,000)` stays a pair;
+* thousands separators are removed only when the whole answer is one number whose groups
+  after the first have exactly three digits (`1,000`, `1{,}000`, `1\\,000`, `11,\\! 111`,
+  `10 455`, also before a final `.`), never inside tuples or lists: `(1,000)` stays a pair,
+  `1,23` and `1, 2, 3` stay lists;
 * `x = 5` (a single short variable on the left) becomes `5` (unless `strip_label=False`);
 * a leading `the answer is` goes; `;`, `\\cup` and the words `or` / `and` between answers
   become commas (`(11,7) or (7,11)` -> `(11,7),(7,11)`, a list `verify` treats as a set);
-* ASCII relations become LaTeX (`>=` -> `\\geq`, `<=` -> `\\leq`, `!=` -> `\\neq`);
+* ASCII relations become LaTeX (`>=` -> `\\geq`, `<=` -> `\\leq`, `!=` -> `\\neq`), and
+  `\\lt` / `\\gt` become `<` / `>`; two bounds on one variable joined by `and` become one
+  chain (`x \\geq -2 and x \\leq 7` -> `-2 \\leq x \\leq 7`);
 * a few Unicode symbols become LaTeX (`π`, `√`, `−`, `×`, `≤`); pure words are lowercased.
 
 Every step is a linear scan or a regex without nested or adjacent unbounded quantifiers over
@@ -36,8 +40,9 @@ from __future__ import annotations
 import re
 
 from da3po_jax.rewards.extract import find_closing_brace
+from da3po_jax.rewards.forms import intersect_bounds
 
-__all__ = ["normalize_answer", "strip_outer_braces"]
+__all__ = ["normalize_answer", "squash_whitespace", "strip_outer_braces"]
 
 _UNICODE = {
     "\u03c0": "\\pi ",
@@ -85,12 +90,15 @@ _LITERAL = (
 _SIZING_RE = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)(?![a-zA-Z])")
 _SPACING_RE = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:en|thin)space(?![a-zA-Z])|~")
 _RELATION_RE = re.compile(r"\\(le|ge|ne)(?![a-zA-Z])")
+_STRICT_RE = re.compile(r"\\([lg])t(?![a-zA-Z])")
+# `11,\! 111`: a comma, then a negative thin space, is a thousands separator.
+_COMMA_THINSPACE_RE = re.compile(r",[ \t]*\\![ \t]*")
 _TEXT_RE = re.compile(
     r"\\(?:text|textbf|textrm|textit|textnormal|textup|mathrm|mathbf|mathit|mbox|hbox)\s*\{"
 )
 _UNIT_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z .]*")
 _UNIT_POWER_RE = re.compile(r"\^\{?[23]\}?")
-_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:(?:,|\s)\d{3})+(?:\.\d+)?")
+_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:(?:,|\s{1,3})\d{3})+(?:\.\d+)?")
 _WHITESPACE_RE = re.compile(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+")
 _EQUATION_SPLIT_RE = re.compile(r"=|\\in(?![a-zA-Z])")
 _EQUATION_LHS_RE = re.compile(r"[A-Za-z](?:_\{?[A-Za-z0-9]{1,3}\}?)?|\\[a-zA-Z]{2,8}")
@@ -274,8 +282,10 @@ def _split_alternatives(s: str) -> str:
 
     `(11,7) or (7,11)`, `-12; -11; -10` and `1, 2, and 3` all become comma lists, which
     `verify` compares as unordered sets; trailing unit words are removed from each part
-    (`5 cm and 6 cm`). Works on whitespace-separated words (one linear `str.split`), so a
-    long run of spaces or of `or` words costs a single pass.
+    (`5 cm and 6 cm`). Two bounds on one variable joined by `and` are their intersection,
+    a chain (`x \\geq -2 and x \\leq 7` -> `-2 \\leq x \\leq 7`), not a list. Works on
+    whitespace-separated words (one linear `str.split`), so a long run of spaces or of `or`
+    words costs a single pass.
     """
     if ";" in s:
         s = s.replace(";", ",")
@@ -294,6 +304,8 @@ def _split_alternatives(s: str) -> str:
         current = []
     if len(parts) < 2:  # a lone `or`, or `1 and`: not a list of answers
         return _strip_trailing_units(s)
+    if len(parts) == 2 and all(w.lower() != "or" for w in words):
+        return intersect_bounds(parts[0], parts[1]) or ",".join(parts)
     return ",".join(parts)
 
 
@@ -312,13 +324,22 @@ def _latex_cleanup(s: str) -> str:
         if k in s:
             s = s.replace(k, v)
     s = _SIZING_RE.sub("", s)
+    if "\\!" in s:
+        s = _COMMA_THINSPACE_RE.sub(",", s)
     s = _SPACING_RE.sub(" ", s)
     s = _RELATION_RE.sub(lambda m: "\\" + m.group(1) + "q", s)
+    if "\\lt" in s or "\\gt" in s:
+        s = _STRICT_RE.sub(lambda m: " < " if m.group(1) == "l" else " > ", s)
     s = _strip_box(_strip_answer_phrase(s.strip()))
     s = _replace_text_groups(s)
     s = _strip_answer_phrase(s.strip())
     s = _split_alternatives(s)
     return s.strip()
+
+
+def squash_whitespace(s: str) -> str:
+    """`s` without whitespace, except one space between a command and a letter (`\\pi r`)."""
+    return _WHITESPACE_RE.sub(lambda m: m.group(1) + " " if m.group(1) else "", s)
 
 
 def normalize_answer(answer: str, strip_label: bool = True) -> str:
@@ -335,9 +356,10 @@ def normalize_answer(answer: str, strip_label: bool = True) -> str:
     s = _latex_cleanup(answer)
     if strip_label:
         s = _strip_equation_lhs(s)
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    s = _WHITESPACE_RE.sub(lambda m: m.group(1) + " " if m.group(1) else "", s)
+    number = s.rstrip().rstrip(".")
+    if _THOUSANDS_RE.fullmatch(number):
+        s = number.replace(",", "")
+    s = squash_whitespace(s)
     s = s.rstrip(".")
     for pattern, repl in _FRAC_FIXES:
         s = pattern.sub(repl, s)

@@ -1,13 +1,19 @@
 """Batch reward scoring with a hard per-response timeout in killable worker processes.
 
-`RewardScorer.score_batch(responses, references)` extracts each response's final answer
-(`extract_answer`; when the reference is a set of several answers and the final answer is the
-last of several boxes, all the boxes together, `extract_boxes`), then decides equivalence with
-the reference:
+`RewardScorer.score_batch(responses, references)` reads each distinct reference's final
+answer (`extract_reference`: the last box, `Answer:` line, `The answer is ...` or `#### 72` of
+a worked solution, the content of a reference written as `$...$`; a bare answer as it is),
+extracts each response's final answer (`extract_answer`, with the `fallback` to the last math
+expression of a response that states none; when the reference is a set of several answers and
+the final answer is the last of several boxes, all the boxes together, `extract_boxes`), then
+decides equivalence with the reference's answer:
 
+* an answer equal to the reference's up to whitespace is correct first, whatever its size
+  (a 5,000-digit integer that is the reference scores correct, with no parsing); with a
+  custom `verify_fn` that function decides alone;
 * a response longer than `MAX_RESPONSE_CHARS`, or whose answer is longer than
-  `MAX_ANSWER_CHARS`, scores `incorrect_reward` with status "no_answer" (no usable answer)
-  before any parsing;
+  `MAX_ANSWER_CHARS` and not the reference's, scores `incorrect_reward` with status
+  "no_answer" (no usable answer) before any parsing;
 * in the parent process, with the cheap bounded stages (`fast_verdict`: normalised string
   match, exact numbers, rational arithmetic): most answers are decided here without IPC;
 * otherwise in a worker process running the full check with sympy (`is_equivalent`), under
@@ -22,9 +28,11 @@ fast path.
 What bounds the work on model output. The parent process has no timeout (it runs JAX and
 cannot interrupt itself), so everything it does with a response is linear in bounded sizes:
 
-* extraction (`extract_answer`) is a few left-to-right scans, most at C speed (`rfind`,
-  regexes without nested quantifiers), over at most `MAX_RESPONSE_CHARS` characters; the
-  brace scan of a box stops after `MAX_ANSWER_CHARS` characters;
+* extraction (`extract_answer`) is a few scans, most at C speed (`rfind`, `count`, regexes
+  without nested quantifiers), over at most `MAX_RESPONSE_CHARS` characters; the brace scan
+  of a box and the search for the end of a math span stop after `MAX_ANSWER_CHARS`
+  characters (or twice the reference's length, for an exact match past the cap); the exact
+  comparison is one linear whitespace squash of each side;
 * normalisation and `fast_verdict` only ever see an answer of at most `MAX_ANSWER_CHARS`
   characters, and every step of them is linear (brace matching in one pass with a stack,
   text groups unwrapped in one pass) or capped further (the parser at `latex.MAX_CHARS`,
@@ -61,12 +69,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from da3po_jax.rewards.extract import extract_answer, extract_boxes
+from da3po_jax.rewards.extract import FALLBACKS, extract_answer, extract_boxes, extract_reference
 from da3po_jax.rewards.math_verify_backend import math_verify_equivalent, require_math_verify
-from da3po_jax.rewards.normalize import normalize_answer
+from da3po_jax.rewards.normalize import normalize_answer, squash_whitespace
 from da3po_jax.rewards.verify import fast_verdict, is_equivalent, split_sequence
 
 __all__ = [
+    "FALLBACKS",
     "MAX_ANSWER_CHARS",
     "MAX_RESPONSE_CHARS",
     "STATUSES",
@@ -334,6 +343,9 @@ class RewardScorer:
         with JAX's threads).
       memory_limit_mb: address space a worker may add after start-up; None for no limit.
       startup_timeout_s: time a new worker may take to import and warm up.
+      fallback: "last_expression" (a response with no box, `Answer:` line or `answer is`
+        phrase answers with its last math expression or number) or "none" (it has no
+        answer). See `extract.extract_answer`.
     """
 
     def __init__(
@@ -348,7 +360,10 @@ class RewardScorer:
         memory_limit_mb: int | None = 2048,
         startup_timeout_s: float = 120.0,
         verifier: str = "builtin",
+        fallback: str = "last_expression",
     ):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
         if verifier not in VERIFIERS:
             raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
         if verifier == "math_verify" and verify_fn is None:
@@ -365,6 +380,9 @@ class RewardScorer:
         self.incorrect_reward = float(incorrect_reward)
         self.verify_fn = verify_fn
         self.verifier = verifier
+        self.fallback = fallback
+        # A custom `verify_fn` decides alone; the math verifiers accept an exact match first.
+        self._exact_first = verify_fn is None or verify_fn is math_verify_equivalent
         self._pool = _Pool(num_workers, verify_fn, start_method, memory_limit_mb, startup_timeout_s)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool.workers)
 
@@ -382,17 +400,21 @@ class RewardScorer:
         """Scores one response; see `score_batch`."""
         return self.score_batch([response], [reference]).results[0]
 
-    @staticmethod
-    def _extract(response: Any, answer_set: bool) -> str | None:
+    def _extract(self, response: Any, answer_set: bool, gold: str) -> str | None:
         """The response's answer, or None if there is none or it is past the size caps.
 
         With `answer_set` (the reference is an unordered set of several answers), a response
         whose final answer is the last of several boxes answers with all of them:
-        `\\boxed{1}` and `\\boxed{2}` is `1, 2`.
+        `\\boxed{1}` and `\\boxed{2}` is `1, 2`. An answer past `MAX_ANSWER_CHARS` (read up
+        to twice the length of the reference `gold`) is kept only when it equals `gold` up to
+        whitespace and the verifier accepts exact matches; it is none otherwise.
         """
         if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
             return None
-        answer = extract_answer(response, max_chars=MAX_ANSWER_CHARS)
+        cap = max(MAX_ANSWER_CHARS, 2 * len(gold))
+        answer = extract_answer(response, max_chars=cap, fallback=self.fallback)
+        if answer is not None and len(answer) > MAX_ANSWER_CHARS:
+            return answer if self._exact_first and _same_text(answer, gold) else None
         if answer is None or not answer_set:
             return answer
         boxes = extract_boxes(response, max_chars=MAX_ANSWER_CHARS)
@@ -411,6 +433,8 @@ class RewardScorer:
         return parts is not None and parts[0] in ("", "{}")
 
     def _decide_fast(self, answer: str, reference: str) -> tuple[str, bool] | None:
+        if self._exact_first and _same_text(answer, reference):
+            return ("ok", True)
         if self.verify_fn is not None:
             return None
         try:
@@ -425,9 +449,9 @@ class RewardScorer:
         Args:
           responses: model responses (full text; the final answer is extracted here). A
             response over `MAX_RESPONSE_CHARS` characters, or with an answer over
-            `MAX_ANSWER_CHARS`, scores as "no_answer".
-          references: reference answers (bare answers such as `\\frac{1}{2}`; a whole-answer
-            `\\boxed{}` is unwrapped).
+            `MAX_ANSWER_CHARS` that is not the reference's, scores as "no_answer".
+          references: reference answers: bare answers such as `\\frac{1}{2}`, or worked
+            solutions and `$...$` spans, whose final answer is read by `extract_reference`.
 
         Returns:
           A `BatchScores` with results in input order and status counts.
@@ -441,11 +465,9 @@ class RewardScorer:
         for ref in references:
             if not isinstance(ref, str):
                 raise TypeError(f"references must be strings, got {type(ref).__name__}")
-        answer_sets: dict[str, bool] = {}
-        for ref in references:
-            if ref not in answer_sets:
-                answer_sets[ref] = self._is_answer_set(ref)
-        answers = [self._extract(r, answer_sets[ref]) for r, ref in zip(responses, references)]
+        golds = self._golds(references)
+        answers = [self._extract(r, *golds[ref]) for r, ref in zip(responses, references)]
+        references = [golds[ref][1] for ref in references]
         decided: dict[tuple[str, str], tuple[str, bool]] = {}
         tasks: list[_Task] = []
         for answer, ref in zip(answers, references):
@@ -465,6 +487,18 @@ class RewardScorer:
         return self._assemble(
             answers, references, decided, len(tasks), self._pool.restarts - restarts_before
         )
+
+    def _golds(self, references: Sequence[str]) -> dict[str, tuple[bool, str]]:
+        """{reference: (is an answer set, its final answer)}, once per distinct reference."""
+        golds: dict[str, tuple[bool, str]] = {}
+        for ref in references:
+            if ref not in golds:
+                try:
+                    gold = extract_reference(ref)
+                except Exception:  # a bug must not stop training: compare the whole text
+                    gold = ref
+                golds[ref] = (self._is_answer_set(gold), gold)
+        return golds
 
     def _assemble(
         self,
@@ -491,6 +525,11 @@ class RewardScorer:
         return BatchScores(results, stats)
 
 
+def _same_text(answer: str, reference: str) -> bool:
+    """Whether the two strings are equal up to whitespace (`squash_whitespace`)."""
+    return answer == reference or squash_whitespace(answer) == squash_whitespace(reference)
+
+
 def score_batch(
     responses: Sequence[str],
     references: Sequence[str],
@@ -500,6 +539,7 @@ def score_batch(
     correct_reward: float = 1.0,
     incorrect_reward: float = 0.0,
     verifier: str = "builtin",
+    fallback: str = "last_expression",
 ) -> BatchScores:
     """One-shot `RewardScorer(...).score_batch(...)`; the workers are stopped afterwards.
 
@@ -512,5 +552,6 @@ def score_batch(
         correct_reward=correct_reward,
         incorrect_reward=incorrect_reward,
         verifier=verifier,
+        fallback=fallback,
     ) as s:
         return s.score_batch(responses, references)

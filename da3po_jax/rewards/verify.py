@@ -6,7 +6,8 @@ The check runs in stages, cheapest first, and each stage either decides or passe
    read as a point first when that is the only sensible reading (`1,22` against `1.22`);
 2. answer forms (`forms`): matrices entry by entry (`pmatrix` is `bmatrix`); a relation
    that bounds one variable becomes its interval (`x > 3` is `(3,\\infty)`, `5 \\leq x` is
-   `x \\geq 5`), other relations compare side by side, directly or mirrored;
+   `x \\geq 5`, `-2 \\le x \\le 7` is `[-2,7]`), `x \\neq 2` the two intervals around 2,
+   other relations compare side by side, directly or mirrored;
 3. tuples, intervals and lists (a top-level comma; `;`, `or`, `and` and `\\cup` separate
    answers too) are compared element by element: the brackets must agree (`(1, 2)` is not
    `[1, 2]`), tuples and intervals in order, bare lists and `\\{...\\}` sets in any order; a
@@ -41,6 +42,7 @@ from da3po_jax.rewards.forms import (
     decimal_comma,
     equation_sides,
     equations_equal,
+    excluded_point,
     has_relation,
     is_plain_decimal,
     matrix_entries,
@@ -250,7 +252,7 @@ def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
         return _scalar_verdict(p, r, symbolic)
     if "\\begin" in p or "\\begin" in r:
         return _matrix_verdict(p, r, symbolic, level)
-    p, r = (as_interval(p) or p), (as_interval(r) or r)
+    p, r = (as_interval(p) or excluded_point(p) or p), (as_interval(r) or excluded_point(r) or r)
     ps, rs = split_sequence(p), split_sequence(r)
     if ps is not None or rs is not None:
         return _sequence_verdict(ps, rs, symbolic, level)

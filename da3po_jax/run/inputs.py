@@ -245,4 +245,5 @@ def scorer_kwargs(r: RewardSettings) -> dict:
         correct_reward=r.correct,
         incorrect_reward=r.incorrect,
         verifier=r.verifier,
+        fallback=r.fallback,
     )

@@ -280,3 +280,46 @@ CASES: list[tuple[str, str, str, bool]] = [
     ("baseline", r"\boxed{2^{10}}", "1024", True),
     ("baseline", r"\boxed{e^{i\pi}}", "-1", True),
 ]
+
+# Pairs (response, reference) on which the `math_verify` backend (Math-Verify 0.9.0) and the
+# built-in verifier disagree, with who is right (the label decides) and why.
+_INTERVAL = "builtin: a relation on one variable is its interval; Math-Verify scores them unequal"
+_COMMA = "builtin: `1,22` against a decimal is a decimal comma; Math-Verify reads a pair"
+_ROUNDED = "builtin: the exact value rounded to 4+ decimals (the project's rule); Math-Verify "
+_ROUNDED += "compares the values exactly"
+_PERCENT = "builtin: a percentage is not the fraction; Math-Verify reads `50\\%` as 0.5"
+MATH_VERIFY_DISAGREEMENTS: dict[tuple[str, str], str] = {
+    (r"\boxed{\{1, 2\}}", "(1, 2)"): "builtin: a set is not an ordered pair; Math-Verify "
+    "accepts the set for the tuple",
+    (r"\boxed{x > 3}", r"(3, \infty)"): _INTERVAL,
+    (r"\boxed{x \ge 3}", r"[3, \infty)"): _INTERVAL,
+    (r"\boxed{x < 3}", r"(-\infty, 3)"): _INTERVAL,
+    (r"\boxed{x \le -2}", r"(-\infty, -2]"): _INTERVAL,
+    (r"\boxed{-1 < x < 2}", "(-1, 2)"): _INTERVAL,
+    (r"\boxed{-1 \leq x < 2}", "[-1, 2)"): _INTERVAL,
+    (r"\boxed{2 > x \geq -1}", "[-1, 2)"): _INTERVAL,
+    (r"\boxed{x<1 \text{ or } x>3}", r"(-\infty,1)\cup(3,\infty)"): _INTERVAL,
+    (r"\boxed{28\%}", "0.28"): _PERCENT,
+    (r"\boxed{50\%}", "0.5"): _PERCENT,
+    (r"\boxed{12.5\text{ percent}}", r"12.5\%"): "builtin: `percent` is `\\%`; Math-Verify "
+    "does not read the word",
+    (r"\boxed{1,22}", "1.22"): _COMMA,
+    (r"\boxed{1,2}", "1.2"): _COMMA,
+    (r"\boxed{3,14}", "3.14"): _COMMA,
+    (r"\boxed{-0,5}", "-0.5"): _COMMA,
+    (r"\boxed{1,22}", "(1, 22)"): "builtin: a bare list is not a tuple; Math-Verify accepts it",
+    (r"\boxed{x = 5}", "2x = 10"): "builtin: the same equation up to a factor; Math-Verify "
+    "compares the sides",
+    (r"\boxed{(0.6,2.6667]}", r"(\frac{3}{5},\frac{8}{3}]"): _ROUNDED,
+    (r"\boxed{0.3333}", r"\frac{1}{3}"): _ROUNDED,
+    (r"\boxed{0.6667}", "2/3"): _ROUNDED,
+    (r"\boxed{2.6667}", r"\frac{8}{3}"): _ROUNDED,
+    (r"\boxed{0.14286}", r"\frac{1}{7}"): _ROUNDED,
+    (r"\boxed{0.1429}", r"\frac{1}{7}"): _ROUNDED,
+    (r"\boxed{33.3333}", r"\frac{100}{3}"): _ROUNDED,
+    (r"\boxed{\frac{1}{3}}", "0.3333"): _ROUNDED,
+    (r"\boxed{-1.6667}", r"-\frac{5}{3}"): _ROUNDED,
+    (r"\boxed{\sqrt{2}}", "1.41421356"): "builtin: a decimal is not the exact irrational; "
+    "Math-Verify accepts it",
+    (r"\boxed{e^{i\pi}}", "-1"): "builtin: e^{i pi} = -1; Math-Verify does not evaluate it",
+}

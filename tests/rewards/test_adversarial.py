@@ -257,3 +257,20 @@ def test_hanging_verification_times_out_next_to_huge_responses():
     assert [r.status for r in batch.results] == ["no_answer", "no_answer", "timeout", "ok"]
     assert batch.correct == [False, False, False, True]
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + 10.0  # killed at the limit, not waited for
+
+
+def test_answers_past_the_cap_are_compared_only_as_exact_text(math_scorer):
+    big = "7" * MB
+    responses = [
+        "\\boxed{" + big + "}",  # the reference itself: correct, with no parsing
+        "\\boxed{" + big[:-1] + "8}",  # one digit off: no usable answer, as before
+        "The answer is " + big,  # a phrase, read the same way
+        "x" * MB + " " + big,  # past the fallback's last-number window: none, not a piece
+        "\\boxed{" + "7" * (2 * MB + 8) + "}",  # longer than twice the reference: not read
+    ]
+    start = time.perf_counter()
+    batch = math_scorer.score_batch(responses, [big] * len(responses))
+    assert time.perf_counter() - start < 5.0
+    assert batch.correct == [True, False, True, False, False]
+    assert [r.status for r in batch.results] == ["ok", "no_answer", "ok"] + ["no_answer"] * 2
+    assert batch.stats["symbolic"] == 0

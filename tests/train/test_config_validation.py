@@ -42,6 +42,10 @@ BAD = [
         {"reward.verifier": "sympy"},
         "config.reward.verifier='sympy' must be one of ['builtin', 'math_verify']",
     ),
+    (
+        {"reward.fallback": "last_number"},
+        "config.reward.fallback='last_number' must be one of ['last_expression', 'none']",
+    ),
     ({"tokenizer.vocab_size": -5}, "config.tokenizer.vocab_size=-5 must be > 0"),
     ({"data.answer_mode": "latex"}, "config.data.answer_mode='latex' must be one of"),
     ({"data.synthetic_train": -1}, "config.data.synthetic_train=-1 must be >= 0"),
@@ -156,6 +160,7 @@ def test_daa_tau_may_be_one(tau):
         {"reward.correct": 1.0, "reward.incorrect": -1.0},
         {"mesh.shape": (1, -1, 1)},
         {"reward.verifier": "math_verify"},
+        {"reward.fallback": "none"},
     ],
 )
 def test_edge_values_that_mean_something_are_accepted(overrides):
@@ -175,3 +180,6 @@ def test_a_saved_run_from_before_a_field_existed_still_resolves():
         resolve_settings(raw)
     s = resolve_settings(with_added_fields(raw))
     assert s.model.decode_attention == "auto" and s.rollout.gather_weights is True
+    del raw["reward"]["fallback"]  # runs before it found no answer without a marker
+    assert resolve_settings(with_added_fields(raw)).reward.fallback == "none"
+    assert resolve_settings(_config()).reward.fallback == "last_expression"
