@@ -8,7 +8,9 @@ OPD returns (sums of log-prob differences, with cancellation) carry that to ~3e-
 relative. So a case passes when it matches, at the same tolerance, one of the references
 recorded by that earlier trainer on some CPU kind: `metric_reference.json` (the recording
 machine), `metric_reference_epyc_avx512.json` (AMD EPYC with AVX-512; recorded by the
-trainer of commit 6c60e78, before the trainer was split into rollout/, update/ and run/).
+trainer of commit 6c60e78, before the trainer was split into rollout/, update/ and run/),
+`metric_reference_xeon.json` (Intel Xeon; its three cases recorded by the trainer of commit
+bab6624, the one that re-recorded ra_opd on EPYC, checked out and run on that CPU).
 The ra_opd case of the EPYC file was re-recorded when the KV cache became heads-major
 ([batch, kv_heads, length, head_dim], for TPU's layout): the attention's float32 sums
 changed order and the OPD returns moved by ~6e-6 relative; the ra_opd case of
@@ -50,7 +52,9 @@ from da3po_jax.run import train  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 REFERENCE = os.path.join(DATA, "metric_reference.json")  # what `_record` writes
-REFERENCES = (REFERENCE, os.path.join(DATA, "metric_reference_epyc_avx512.json"))
+REFERENCES = (REFERENCE,) + tuple(
+    os.path.join(DATA, f"metric_reference_{kind}.json") for kind in ("epyc_avx512", "xeon")
+)
 TOLERANCE = 1e-6  # absolute, and relative to the reference value's magnitude
 # measured wall-clock times and rates derived from them; metrics added after the
 # reference was recorded (compile counts, FLOP rates) are not compared
