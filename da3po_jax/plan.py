@@ -192,18 +192,16 @@ def _div(n: int, by: int) -> int:
     return n // by if by > 1 and n % by == 0 else n
 
 
-def group_buffer_nbytes(
-    group_size: int, prompt_len: int, max_new_tokens: int, capacity: int, batch_devs: int = 1
-) -> int:
-    """Per-device bytes of a `DSBuffer` of `capacity` groups as the trainer builds it
-    (`GroupBatch.zeros` + `ds_empty_buffer`: every `GroupBatch` field, the valid mask and
-    the count), its slots split over `batch_devs` devices when they divide."""
-    like = lambda: GroupBatch.zeros(capacity, group_size, prompt_len, max_new_tokens)  # noqa: E731
+def group_buffer_nbytes(g: int, tp: int, tn: int, capacity: int, devs: int = 1, versions=False):
+    """Per-device bytes of a `DSBuffer` of `capacity` groups (`g` rows, `tp` + `tn` tokens)
+    as the trainer builds it (`GroupBatch.zeros` + `ds_empty_buffer`: every field, per-token
+    versions with `versions`, the valid mask, the count), split over `devs` when they divide."""
+    like = lambda: GroupBatch.zeros(capacity, g, tp, tn, versions=versions)  # noqa: E731
     shapes = jax.eval_shape(lambda: ds_empty_buffer(like(), capacity))
     total = 0
     for x in jax.tree.leaves(shapes):
         nbytes = math.prod(x.shape) * x.dtype.itemsize
-        total += nbytes // capacity * _div(capacity, batch_devs) if x.ndim else nbytes
+        total += nbytes // capacity * _div(capacity, devs) if x.ndim else nbytes
     return total
 
 
@@ -388,8 +386,9 @@ def _resident(r: _Run) -> dict[str, Any]:
     if tcfg is not None:
         teacher = tree_nbytes(abstract_params(tcfg), r.mesh)
     g, tn, devs = s.rollout.group_size, s.rollout.max_new_tokens, r.batch_devs
-    batch = group_buffer_nbytes(g, r.tp, tn, s.rl.train_prompts, devs)
-    batch += group_buffer_nbytes(g, r.tp, tn, s.surplus_capacity, devs)
+    stale = bool(s.rollout.max_staleness)
+    batch = group_buffer_nbytes(g, r.tp, tn, s.rl.train_prompts, devs, stale)
+    batch += group_buffer_nbytes(g, r.tp, tn, s.surplus_capacity, devs, stale)
     v_h = mc.vocab_size * mc.hidden_size
     layer_params = (mc.num_params() - v_h * (1 if mc.tie_word_embeddings else 2)) // mc.num_layers
     gathered = 2 * max(layer_params, v_h) * r.cbytes if r.mesh.shape["fsdp"] > 1 else 0

@@ -6,7 +6,9 @@ The device count comes from XLA_FLAGS set by the caller. Rewards come from a has
 the response text (a random policy is almost never right), so groups are mixed and the
 run is deterministic. Environment: WORKER_ENGINE (rollout.engine, default static),
 WORKER_STEPS (train.steps, default 2), WORKER_KILL_AT=S (process 1 kills itself with
-SIGKILL as RL step S begins, a lost host) and WORKER_HEARTBEAT_S (default 100).
+SIGKILL as RL step S begins, a lost host), WORKER_HEARTBEAT_S (default 100) and
+WORKER_STALENESS (rollout.max_staleness, default 0; > 0: partial rollouts, 24-token
+responses decoded 2 steps per call, so groups are still generating when a batch is full).
 """
 
 from __future__ import annotations
@@ -61,9 +63,21 @@ def main(argv: list[str]) -> None:
             "train.export_final": True,
             "eval.prompts_per_call": 8,
             "mesh.shape": (-1, 1, 1),
+            **_partial(int(os.environ.get("WORKER_STALENESS", "0"))),
         },
     )
     train(cfg, workdir)
+
+
+def _partial(staleness: int) -> dict:
+    """The overrides of partial rollouts with bound `staleness` (none for 0)."""
+    if not staleness:
+        return {}
+    return {
+        "rollout.max_staleness": staleness,
+        "rollout.steps_per_call": 2,
+        "rollout.max_new_tokens": 24,
+    }
 
 
 def _kill_at(step: int) -> None:

@@ -1,8 +1,9 @@
 """Two local processes (4 CPU devices each, gloo collectives) under `jax.distributed`
 run the same RL steps as one process with 8 devices, and agree with it: with the static
-engine, and with the continuous engine through a host killed with SIGKILL mid-run (the
-other stops within the heartbeat bound naming it; the rerun resumes and ends where the
-uninterrupted run ends)."""
+engine, and with the continuous engine and partial rollouts through a host killed with
+SIGKILL mid-run (the other stops within the heartbeat bound naming it; the rerun resumes
+from the checkpoint, work in flight included, and ends where the uninterrupted run
+ends)."""
 
 from __future__ import annotations
 
@@ -114,11 +115,12 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path):
 @pytest.mark.multidevice
 @pytest.mark.slow
 def test_continuous_engine_on_two_processes_through_a_killed_host(tmp_path):
-    """Continuous batching over 2 hosts: 3 steps, host 1 killed (SIGKILL) as step 3
-    begins; host 0 stops within the heartbeat bound with an error naming task 1; the
-    rerun resumes from the last checkpoint and ends with the metrics and weights of one
+    """Continuous batching with partial rollouts (max_staleness 1) over 2 hosts: 3 steps,
+    host 1 killed (SIGKILL) as step 3 begins; host 0 stops within the heartbeat bound
+    with an error naming task 1; the rerun resumes from the last checkpoint (with the
+    groups that were in flight) and ends with the metrics and weights of one
     uninterrupted 8-device process."""
-    steps = dict(WORKER_ENGINE="continuous", WORKER_STEPS="3")
+    steps = dict(WORKER_ENGINE="continuous", WORKER_STEPS="3", WORKER_STALENESS="1")
     single = str(tmp_path / "single")
     ref = subprocess.run(
         [sys.executable, WORKER, single],
@@ -129,6 +131,8 @@ def test_continuous_engine_on_two_processes_through_a_killed_host(tmp_path):
     )
     assert ref.returncode == 0, ref.stderr[-4000:]
     assert "compile/decode_steps" in _rows(single, "train")[0]  # the slot decoder ran
+    # groups were carried across steps: the resume has work in flight to restore
+    assert max(r["stale/token_lag_1"] for r in _rows(single, "train")) > 0
 
     multi, heartbeat = str(tmp_path / "multi"), 5
     t0 = time.monotonic()

@@ -182,7 +182,8 @@ def test_continuous_engine_cache_is_the_slots_cache(shape):
 
 def test_partial_rollouts_keep_the_slots_cache_through_the_update():
     """`rollout.partial_kv = "keep"` holds the rows in flight, keys and values included,
-    through the update: the train phase gains the slot cache; `"recompute"` frees it."""
+    through the update: the train phase gains the slot cache; `"recompute"` frees it. The
+    batch buffers hold each token's policy version (int32) under partial rollouts."""
     cfg = tiny_cfg()
     cfg.rollout.engine, cfg.rollout.slots, cfg.rollout.attention_block = "continuous", 32, 16
     base = plan_memory(plan_settings(cfg), num_devices=1)
@@ -193,6 +194,9 @@ def test_partial_rollouts_keep_the_slots_cache_through_the_update():
     assert base.kv_cache > 0
     assert keep.info["train_phase"] == base.info["train_phase"] + base.kv_cache
     assert recompute.info["train_phase"] == base.info["train_phase"]
+    g, tn = cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    groups = cfg.rl.train_prompts + 4 * 32 // g  # the batch and the surplus
+    assert keep.batch == base.batch + groups * g * tn * 4
 
 
 def test_cudnn_segment_mask_is_counted_on_gpus():
