@@ -253,6 +253,18 @@ COMMANDS: dict[str, Run] = {
         + ("--prompt_len=8", "--mean=6", "--block=8", "--steps_per_call=4"),
         expect='"speedup_recompute"',
     ),
+    "python benchmarks/decode_step.py": Run(
+        "bench_decode_step",
+        "bench_decode_step",
+        ("--mean=8", "--max_new=32", "--slots=4", "--block=8", "--repeats=2"),
+        expect='"attention_share"',
+    ),
+    "python benchmarks/verifier.py": Run(
+        "bench_verifier",
+        "bench_verifier",
+        ("--batch=40", "--repeats=1", "--no-math-verify"),
+        expect='"throughput"',
+    ),
     "python benchmarks/forward.py --suite=memory": Run(
         "bench_memory",
         "bench_forward_suites",
