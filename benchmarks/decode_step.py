@@ -5,7 +5,8 @@ live keys, on `rollout.py`'s model (4 layers, hidden 256, vocab 4096, 64 slots).
 
 Each slot holds a response of a length drawn as the workload draws them (roughly geometric
 with mean --mean, capped at --max_new; a slot seen at a random decode step holds a row
-drawn in proportion to its length, at a uniform point of it) behind a 48-token prompt. Timed (median of --repeats jitted steps, the cache updated in place):
+drawn in proportion to its length, at a uniform point of it) behind a 48-token prompt.
+Timed (median of --repeats jitted steps, the cache updated in place):
 
 - `full`: every slot live at those contexts (what partial rollouts keep the slots at);
 - `half`: half the slots live, the others empty (a per-step engine's drain);

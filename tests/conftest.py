@@ -29,16 +29,6 @@ def _free_compiled_programs():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Many test files compile the same programs (the micro config's update, sampler and eval
-# at the same shapes), and the in-memory caches are cleared after each file. JAX's
-# persistent compilation cache lets the workers (and the subprocesses the multi-process
-# tests start, which inherit the environment) reuse them: its key is the program and the
-# compile options, so a hit is the same executable. Off with JAX_COMPILATION_CACHE_DIR="".
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax-compile"),
-)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 TINY = dict(
     vocab_size=1000,

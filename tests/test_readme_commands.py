@@ -128,7 +128,7 @@ COMMANDS: dict[str, Run] = {
     # --- quick start
     "pip install -e . && python -m da3po_jax.main --config=configs/tiny_math.py "
     "--workdir=/tmp/da3po_run": Run("quickstart", "quickstart", TINY + TWO_STEPS),
-    'pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile': Run(
+    'pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile -m "not extended"': Run(
         "tests", None, slow=False
     ),
     # --- a real model

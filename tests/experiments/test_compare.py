@@ -62,6 +62,7 @@ def test_ablation_groups_are_valid_configs():
             resolve_settings(c)  # raises on a bad field
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_compare_micro_study(tmp_path):
     out = tmp_path / "out"
@@ -83,6 +84,7 @@ def test_compare_micro_study(tmp_path):
             assert r["samples"][-1] == gen > 0
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_opd_micro_study(tmp_path):
     from experiments import opd
@@ -102,6 +104,7 @@ def test_opd_micro_study(tmp_path):
     assert res["opd"]["final"][0] == pytest.approx(last["eval/avg@2"])
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_staleness_micro_study(tmp_path):
     from experiments import staleness

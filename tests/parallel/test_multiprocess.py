@@ -92,6 +92,7 @@ def _weights(folder: str) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.extended
 @pytest.mark.multidevice
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_8_devices(tmp_path):

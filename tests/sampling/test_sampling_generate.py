@@ -225,6 +225,7 @@ def _fixed_logit_model(target: np.ndarray):
     return cfg, model
 
 
+@pytest.mark.extended
 def test_generated_token_frequencies_match_target_distribution():
     params = dict(temperature=0.8, top_k=6, top_p=0.85)
     cfg, model = _fixed_logit_model(np.array([1.5, 1.0, 0.3, -0.2, 0.8, -1.0, 0.5, 0.0]))

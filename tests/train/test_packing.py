@@ -243,6 +243,7 @@ def test_packed_update_with_an_opd_teacher():
     assert met["opd/reverse_kl"] != 0.0
 
 
+@pytest.mark.extended
 def test_packed_update_with_remat_and_scanned_layers():
     """Rematerialised layers (a `jax.checkpoint` inside the packed slots' scan and cond)
     and the stacked layout under the scan: the padded update of the same model."""
