@@ -56,6 +56,7 @@ class Run:
       expect: text the output must contain.
       needs: modules that must be importable (else the test is skipped).
       slow: marked `slow` (still runs in CI).
+      extended: marked `extended` (left out of the README's test command).
     """
 
     id: str
@@ -66,6 +67,7 @@ class Run:
     expect: str = ""
     needs: tuple[str, ...] = ()
     slow: bool = True
+    extended: bool = False
 
 
 def _o(**overrides) -> tuple[str, ...]:
@@ -136,7 +138,7 @@ COMMANDS: dict[str, Run] = {
     "--config.model.path=/data/Qwen2.5-Math-7B "
     "--config.data.train_path=/data/dapo-math-17k.parquet "
     "--config.data.eval_path=/data/aime-2024.jsonl "
-    "--workdir=/data/runs/qwen_math": Run("qwen_math", "qwen_math", REAL),
+    "--workdir=/data/runs/qwen_math": Run("qwen_math", "qwen_math", REAL, extended=True),
     # --- on-policy distillation
     "python -m da3po_jax.main --config=configs/tiny_opd.py --workdir=/tmp/opd_s0": Run(
         "tiny_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE
@@ -542,6 +544,7 @@ def _params():
     for i, command in enumerate(readme_commands()):
         run = COMMANDS.get(command)
         marks = [pytest.mark.slow] if run is not None and run.slow else []
+        marks += [pytest.mark.extended] if run is not None and run.extended else []
         params.append(pytest.param(command, id=run.id if run else f"uncovered-{i}", marks=marks))
     return params
 
