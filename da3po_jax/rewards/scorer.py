@@ -493,10 +493,7 @@ class RewardScorer:
         golds: dict[str, tuple[bool, str]] = {}
         for ref in references:
             if ref not in golds:
-                try:
-                    gold = extract_reference(ref)
-                except Exception:  # a bug must not stop training: compare the whole text
-                    gold = ref
+                gold = extract_reference(ref)
                 golds[ref] = (self._is_answer_set(gold), gold)
         return golds
 
