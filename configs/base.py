@@ -55,6 +55,8 @@ def get_config() -> config_dict.ConfigDict:
     c.data.synthetic_train = 4000
     c.data.synthetic_eval = 300
     c.data.synthetic_sft = 4000
+    # relative share of each synthetic tier (easy, medium, hard, harder), every split
+    c.data.synthetic_tier_weights = (1.0, 1.0, 1.0, 0.0)
 
     c.rollout = config_dict.ConfigDict()
     # continuous (continuous batching over rollout.slots rows) | static (each round one
@@ -175,6 +177,9 @@ def get_config() -> config_dict.ConfigDict:
 
     c.train = config_dict.ConfigDict()
     c.train.steps = 100
+    # > 0: also stop after the step at which the generated response tokens (every sample
+    # of every round, filtered groups included) reach this total; train.steps stays a cap
+    c.train.token_budget = 0
     c.train.eval_every = 20
     c.train.checkpoint_every = 20
     c.train.keep_checkpoints = 2

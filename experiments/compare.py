@@ -18,6 +18,7 @@ plus paired per-seed differences against the first algorithm and learning curves
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import math
@@ -46,12 +47,10 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size))
 
 
-def base_config(steps: int, eval_every: int, micro: bool = False):
-    """`configs/tiny_math.py` with the loop length set (micro: a seconds-long CI version)."""
+def base_config(steps: int, eval_every: int, micro: bool = False, config: str = "tiny_math"):
+    """`configs/<config>.py` with the loop length set (micro: a seconds-long CI version)."""
     sys.path.insert(0, os.path.join(ROOT, "configs"))
-    import tiny_math
-
-    c = tiny_math.get_config()
+    c = importlib.import_module(config).get_config()
     c.train.steps, c.train.eval_every = steps, eval_every
     c.train.checkpoint_every = steps
     c.train.export_final = False

@@ -24,8 +24,12 @@ BINS = (("0", 0.0, 0.0), ("(0,1/8]", 1e-9, 0.125), ("(1/8,1/2)", 0.125 + 1e-9, 0
         ("[1/2,1)", 0.5, 1 - 1e-9), ("1", 1.0, 1.0))  # fmt: skip
 
 
-def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
-    """[num_prompts] pass-rate estimates on the held-out split, and the prompts' tiers."""
+def pass_rates(
+    warm: str, samples: int, seed: int = 0, split: str = "heldout", cfg=None, limit: int = 0
+) -> tuple[np.ndarray, list[str]]:
+    """[num_prompts] pass-rate estimates on `split` ("heldout" or "train"; the first
+    `limit` of its prompts when > 0), and the prompts' tiers. `cfg`: the study's config
+    (default the tiny task's)."""
     import jax
 
     from da3po_jax.config import resolve_settings
@@ -36,8 +40,8 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     from da3po_jax.run.inputs import load_datasets, policy_model, prompt_renderer
     from da3po_jax.sampling import GenerateConfig, Sampler
 
-    c = base_config(1, 1)
-    c.seed = seed
+    c = (base_config(1, 1) if cfg is None else cfg).copy_and_resolve_references()
+    c.seed, c.stage, c.sft.enable = seed, "rl", False
     c.tokenizer.build_tiny, c.tokenizer.path = False, os.path.join(warm, "tokenizer")
     c.model.init_checkpoint = os.path.join(warm, "sft_model")
     cfg = resolve_settings(c)
@@ -58,7 +62,8 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     scorer = RewardScorer(num_workers=1, timeout_s=cfg.reward.timeout_s)
     try:
         sampler = Sampler(graphdef, model.cfg, gen)
-        problems, chunk, rates = data.heldout, 50, []
+        problems, chunk, rates = getattr(data, split), 50, []
+        problems = problems[:limit] if limit > 0 else problems
         for start in range(0, len(problems), chunk):
             part = list(problems[start : start + chunk])
             part += [part[i % len(part)] for i in range(chunk - len(part))]
@@ -77,17 +82,17 @@ def pass_rates(warm: str, samples: int, seed: int = 0) -> tuple[np.ndarray, list
     return np.asarray(rates[: len(problems)]), [p.tier or "all" for p in problems]
 
 
-def table(rates: np.ndarray, tiers: list[str]) -> tuple[dict, str]:
+def table(rates: np.ndarray, tiers: list[str], bins=BINS) -> tuple[dict, str]:
     by = defaultdict(list)
     for r, t in zip(rates, tiers):
         by[t].append(r)
     by["all"] = list(rates)
     out, lines = {}, []
-    head = "| tier | prompts | mean pass rate | " + " | ".join(b[0] for b in BINS) + " |"
-    lines += [head, "|---" * (3 + len(BINS)) + "|"]
+    head = "| tier | prompts | mean pass rate | " + " | ".join(b[0] for b in bins) + " |"
+    lines += [head, "|---" * (3 + len(bins)) + "|"]
     for tier in sorted(by, key=lambda t: (t == "all", t)):
         x = np.asarray(by[tier], np.float64)  # float32 would round the bin edges
-        shares = [float(((x >= lo) & (x <= hi)).mean()) for _, lo, hi in BINS]
+        shares = [float(((x >= lo) & (x <= hi)).mean()) for _, lo, hi in bins]
         out[tier] = {"n": int(x.size), "mean": float(x.mean()), "shares": shares}
         cells = " | ".join(f"{s:.2f}" for s in shares)
         lines.append(f"| {tier} | {x.size} | {x.mean():.3f} | {cells} |")
@@ -108,21 +113,27 @@ def main(argv=None) -> None:
         f.write(md)
     with open(os.path.join(args.out, "difficulty.json"), "w") as f:
         json.dump(res, f, indent=1)
+    plot_hist(rates, tiers, args.samples, os.path.join(args.out, "difficulty.png"))
+    print(md)
+
+
+def plot_hist(rates, tiers, samples: int, path: str, what: str = "held-out prompts") -> None:
+    """Histogram of per-prompt pass rates by tier (one bar per possible count)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    edges = np.linspace(0, 1, args.samples + 2) - 0.5 / (args.samples)
+    edges = np.linspace(0, 1, samples + 2) - 0.5 / samples
     for tier in sorted(set(tiers)):
         ax.hist([r for r, t in zip(rates, tiers) if t == tier], bins=edges, alpha=0.5, label=tier)
-    ax.set_xlabel(f"per-prompt pass rate ({args.samples} samples)")
-    ax.set_ylabel("held-out prompts")
+    ax.set_xlabel(f"per-prompt pass rate ({samples} samples)")
+    ax.set_ylabel(what)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "difficulty.png"), dpi=110)
-    print(md)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

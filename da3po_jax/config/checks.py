@@ -13,6 +13,7 @@ from typing import Any
 from da3po_jax.config.settings import ALGORITHMS, Settings
 from da3po_jax.data.prompts import get_template
 from da3po_jax.data.readers import ANSWER_MODES
+from da3po_jax.data.synthetic import TIERS
 from da3po_jax.models.config import (
     ATTENTION_CHOICES,
     DECODE_ATTENTION_CHOICES,
@@ -135,6 +136,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "optim.b2": _adam_beta,
     "optim.grad_clip": _non_negative,
     "train.steps": _non_negative,
+    "train.token_budget": _non_negative,
     "train.eval_every": _non_negative,
     "train.checkpoint_every": _non_negative,
     "train.keep_checkpoints": _at_least_one,
@@ -293,6 +295,20 @@ def _check_buckets(s: Settings) -> None:
         )
 
 
+def _check_tier_weights(weights: tuple) -> None:
+    ok = (
+        len(weights) == len(TIERS)
+        and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)
+        and all(0 <= w < math.inf for w in weights)
+        and sum(weights) > 0
+    )
+    if not ok:
+        raise ValueError(
+            f"config.data.synthetic_tier_weights={weights!r} must be {len(TIERS)} weights "
+            f">= 0, one per tier {TIERS}, with a positive sum"
+        )
+
+
 def _check_data_and_models(s: Settings) -> None:
     """Fields whose allowed values live in other modules (templates, presets) or depend
     on other fields (synthetic split sizes, rewards)."""
@@ -301,6 +317,7 @@ def _check_data_and_models(s: Settings) -> None:
     except ValueError as e:
         raise ValueError(f"config.data.template: {e}") from None
     if s.data.source == "synthetic":
+        _check_tier_weights(s.data.synthetic_tier_weights)
         if s.stage == "rl" and s.data.synthetic_train < 1:
             raise ValueError(
                 f"config.data.synthetic_train={s.data.synthetic_train} must be >= 1 "

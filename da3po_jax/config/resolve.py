@@ -92,6 +92,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "rollout.partial_kv": "keep",
     # runs before it read no answer from a response without a box or `Answer:` line
     "reward.fallback": "none",
+    "data.synthetic_tier_weights": (1.0, 1.0, 1.0, 0.0),
+    "train.token_budget": 0,
 }
 
 

@@ -60,6 +60,7 @@ class DataSettings:
     synthetic_train: int
     synthetic_eval: int
     synthetic_sft: int
+    synthetic_tier_weights: tuple[float, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +206,7 @@ class TrainSettings:
     """The loop: steps, eval and checkpoint cadence, fault limits, logging sinks."""
 
     steps: int
+    token_budget: int
     eval_every: int
     checkpoint_every: int
     keep_checkpoints: int

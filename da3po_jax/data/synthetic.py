@@ -7,8 +7,11 @@ and the tiers differ by how many times it must be applied without a slip:
 - easy:   one step, `47 + 8`.
 - medium: two steps, `47 + 8 + 6` worked as `47 + 8 + 6 = 55 + 6 = 61`.
 - hard:   three steps, `47 + 8 + 6 + 9 = 55 + 6 + 9 = 61 + 9 = 70`.
+- harder: five steps, `47 + 8 + 6 + 9 + 3 + 5 = ... = 78`; off by default (weight 0), the
+  tier of the hard task (`configs/tiny_math_hard.py`), where most prompts are solved by
+  fewer than 1 in 16 samples at the warm start.
 
-A step's success rate p gives a tier rate of about p, p^2 and p^3, so after warm-up the
+A step's success rate p gives a tier rate of about p, p^2, p^3 (and p^5), so after warm-up the
 hard tier has a low but non-zero pass rate (the regime DA3PO is about), and held-out
 problems are new chains of steps that the training problems also contain. (Problems built
 on multi-digit addition or multiplication are also available through `make_problem`, but
@@ -37,10 +40,10 @@ import numpy as np
 from da3po_jax.data.prompts import format_prompt
 from da3po_jax.data.records import MathProblem
 
-TIERS = ("easy", "medium", "hard")
+TIERS = ("easy", "medium", "hard", "harder")
 SPLITS = ("sft", "train", "heldout")
 DEFAULT_SPLIT_FRACTIONS: Mapping[str, float] = {"sft": 0.4, "train": 0.4, "heldout": 0.2}
-DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"easy": 1.0, "medium": 1.0, "hard": 1.0}
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"easy": 1.0, "medium": 1.0, "hard": 1.0, "harder": 0.0}
 SOURCE = "synthetic"
 _MAX_MISSES = 20_000
 
@@ -57,6 +60,7 @@ _TIER_KINDS: Mapping[str, tuple[_Kind, ...]] = {
     "easy": (_Kind("chain", ((10, 299), (1, 9))),),
     "medium": (_Kind("chain", ((10, 299), (1, 9), (1, 9))),),
     "hard": (_Kind("chain", ((10, 299), (1, 9), (1, 9), (1, 9))),),
+    "harder": (_Kind("chain", ((10, 299), (1, 9), (1, 9), (1, 9), (1, 9), (1, 9))),),
 }
 
 

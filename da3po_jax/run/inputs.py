@@ -18,6 +18,7 @@ from da3po_jax.config import (
     Settings,
 )
 from da3po_jax.data import (
+    TIERS,
     FieldSpec,
     MathProblem,
     corpus,
@@ -210,7 +211,11 @@ def _fields(d: DataSettings) -> FieldSpec:
 def load_datasets(d: DataSettings, seed: int) -> Datasets:
     """Train / held-out / SFT problems for `d.source` (synthetic splits from `seed`)."""
     if d.source == "synthetic":
-        split = lambda name, n: generate_split(name, n, seed=seed) if n else []  # noqa: E731
+        weights = dict(zip(TIERS, d.synthetic_tier_weights))
+
+        def split(name: str, n: int) -> list[MathProblem]:
+            return generate_split(name, n, seed=seed, tier_weights=weights) if n else []
+
         return Datasets(
             split("train", d.synthetic_train),
             split("heldout", d.synthetic_eval),

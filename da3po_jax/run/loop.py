@@ -37,6 +37,7 @@ def _checkpoint(trainer: RLTrainer) -> tuple[dict, dict]:
         "data": trainer.collector.iterator.state.to_dict(),
         "config": trainer.settings.fingerprint(),
         "eval_pending": trainer._eval_pending,
+        "tokens_generated": trainer.tokens.total,
     }
     if engine.max_staleness:
         tree["engine"], host["engine"] = engine.snapshot()
@@ -83,6 +84,7 @@ class RLTrainer:
         self.stop = stop or StopRequest()  # never set unless train() installs handlers
         self._on_resumed = on_resumed
         self._nonfinite = NonFiniteGuard(settings.train.max_nonfinite_steps)
+        self.tokens = TokenBudget(settings.train.token_budget)
         self._eval_pending = False  # a due eval not run yet (a stop came first)
         self._saved_step: int | None = None
 
@@ -105,9 +107,9 @@ class RLTrainer:
         t2 = time.perf_counter()
         metrics["optim/lr"] = self.update.lr(self.state)
         metrics.update({"time/collect": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
-        metrics["throughput/gen_tokens_per_s"] = metrics.pop("_gen_tokens") / max(
-            metrics["time/rollout"], 1e-9
-        )
+        generated = metrics.pop("_gen_tokens")
+        metrics["throughput/gen_tokens_per_s"] = generated / max(metrics["time/rollout"], 1e-9)
+        metrics.update(self.tokens.add(generated))
         if self.perf is not None:
             metrics.update(self.perf(int(self.state.step), t2 - t1))
         return metrics
@@ -125,12 +127,14 @@ class RLTrainer:
         bar = _progress_bar(s, start)
         self.collector.progress = bar.set_postfix_str  # dynamic sampling's progress
         for _ in bar:
+            if self.tokens.reached:  # train.token_budget: the step before spent it
+                break
             metrics = self.step()
             step = int(self.state.step)
             self.logger.write(step, metrics)
             self._nonfinite.check(step, metrics, self.checkpointer.latest_step)
             bar.set_postfix(_progress(metrics))
-            every, last = s.train.eval_every, step == s.train.steps
+            every, last = s.train.eval_every, step == s.train.steps or self.tokens.reached
             self._eval_pending = bool(every and (step % every == 0 or last))
             self._stop_if_asked()  # before the eval: a preempted run has seconds, not minutes
             if self._eval_pending:
@@ -159,7 +163,7 @@ class RLTrainer:
         if found is None:
             self.logger.truncate(-1)
             return 0
-        step, self.state, self.carry, self._eval_pending = found
+        step, self.state, self.carry, self._eval_pending, self.tokens.total = found
         self._saved_step = step
         self.logger.truncate(step if step > 0 else -1)
         return step
@@ -203,8 +207,8 @@ def eval_line(metrics: dict[str, float], k: int) -> str:
 
 
 def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, collector):
-    """(step, state, carry, eval_pending) of the newest good checkpoint, with the
-    collector's data position restored; None when there is none."""
+    """(step, state, carry, eval_pending, generated tokens) of the newest good checkpoint,
+    with the collector's data position restored; None when there is none."""
     path, fp, engine = checkpointer.directory, settings.fingerprint(), collector.engine
 
     def like(host: dict) -> dict:
@@ -229,7 +233,27 @@ def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, co
             "Nothing was changed; use another --workdir."
         ) from e
     log.info("resumed from %s at step %d", path, step)
-    return step, tree["train"], tree["carry"], bool(host.get("eval_pending", False))
+    pending, tokens = bool(host.get("eval_pending", False)), int(host.get("tokens_generated", 0))
+    return step, tree["train"], tree["carry"], pending, tokens
+
+
+class TokenBudget:
+    """The response tokens generated so far (every sample of every generation round,
+    groups that dynamic sampling drops included) against `train.token_budget` (0 = no
+    budget): the run stops after the step that reaches it, so runs of different
+    algorithms can be compared at equal generation."""
+
+    def __init__(self, budget: int):
+        self.budget, self.total = budget, 0
+
+    def add(self, generated: float) -> dict[str, float]:
+        """Counts one step's generated tokens; returns its metrics."""
+        self.total += int(generated)
+        return {"tokens/generated": float(generated), "tokens/generated_total": float(self.total)}
+
+    @property
+    def reached(self) -> bool:
+        return self.budget > 0 and self.total >= self.budget
 
 
 class NonFiniteGuard:

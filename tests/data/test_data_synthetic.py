@@ -85,7 +85,7 @@ def test_sizes_tier_counts_and_unique_ids(splits):
     for split, problems in splits.items():
         assert len(problems) == SIZES[split]
         counts = collections.Counter(p.tier for p in problems)
-        assert set(counts) == set(TIERS)
+        assert set(counts) == {"easy", "medium", "hard"}  # `harder` has weight 0 by default
         assert max(counts.values()) - min(counts.values()) <= 1  # equal weights, exact
         assert len({p.id for p in problems}) == len(problems)
     skewed = generate_split("train", 100, seed=0, tier_weights={"easy": 1, "hard": 3})
@@ -93,8 +93,11 @@ def test_sizes_tier_counts_and_unique_ids(splits):
 
 
 def test_tiers_match_their_operations(splits):
-    steps = {"easy": 1, "medium": 2, "hard": 3}
-    for p in (p for ps in splits.values() for p in ps):
+    steps = {"easy": 1, "medium": 2, "hard": 3, "harder": 5}
+    assert tuple(steps) == TIERS
+    harder = generate_split("train", 50, seed=3, tier_weights={"hard": 1, "harder": 1})
+    assert collections.Counter(p.tier for p in harder) == {"hard": 25, "harder": 25}
+    for p in (p for ps in [*splits.values(), harder] for p in ps):
         kind, ops = p.meta["kind"], p.meta["operands"]
         assert kind == "chain" and len(ops) == steps[p.tier] + 1
         assert 10 <= ops[0] <= 299 and all(1 <= x <= 9 for x in ops[1:])

@@ -348,3 +348,41 @@ def test_history_counts_every_generated_group(tmp_path, hash_scorer):
         row["ds/kept_frac"] == 1.0
     )
     assert success.sum() == pytest.approx(row["reward/acc"] * row["samples/generated"])
+
+
+@pytest.mark.slow
+def test_token_budget_stops_the_run_and_survives_resume(tmp_path, hash_scorer):
+    """train.token_budget: the run stops after the step whose generated response tokens
+    (all rounds, dropped groups included) reach the budget, evaluates and checkpoints
+    there, and a resumed run with more steps allowed does not go on."""
+    free = str(tmp_path / "free")
+    train(micro_config("dapo", **{"train.steps": 3, "train.eval_every": 0}), free)
+    rows = [r for r in read_rows(free) if r["kind"] == "train"]
+    per_step = [r["tokens/generated"] for r in rows]
+    assert all(n > 0 for n in per_step)
+    # the count is the sum of the generated samples' lengths (each at most max_new_tokens)
+    for r in rows:
+        assert r["tokens/generated"] <= r["samples/generated"] * 8
+        assert r["tokens/generated"] == pytest.approx(
+            r["response/len_mean"] * r["samples/generated"], rel=1e-6
+        )
+    assert [r["tokens/generated_total"] for r in rows] == list(np.cumsum(per_step))
+
+    budget = int(per_step[0] + per_step[1]) - 1  # reached during step 2
+    cfg = micro_config(
+        "dapo", **{"train.steps": 3, "train.eval_every": 10, "train.token_budget": budget}
+    )
+    capped = str(tmp_path / "capped")
+    summary = train(cfg, capped)
+    assert summary["steps"] == 2
+    rows = read_rows(capped)
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2]  # the stop evaluates
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert train_rows[1]["tokens/generated_total"] == per_step[0] + per_step[1]
+    assert os.path.isdir(os.path.join(capped, "checkpoints", "2"))
+
+    cfg.train.steps = 5  # resuming: the budget is already spent, nothing more runs
+    again = train(cfg, capped)
+    assert again["steps"] == 2
+    assert [r["step"] for r in read_rows(capped) if r["kind"] == "train"] == [1, 2]
