@@ -50,6 +50,9 @@ PROFILE_BINS = (("0", 0.0, 0.0), ("(0,1/16]", 1e-9, 0.0625), ("(1/16,1/8]", 0.06
                 ("(1/8,1/2)", 0.125 + 1e-9, 0.5 - 1e-9), ("[1/2,1)", 0.5, 1 - 1e-9),
                 ("1", 1.0, 1.0))  # fmt: skip
 METRICS = ("overall_avg", "hard_avg", "overall_pass", "hard_pass")
+# train metrics averaged over a run's steps: what dynamic sampling and DAA did
+DYNAMICS = ("reward/acc", "ds/kept_frac", "ds/batch_fill", "daa/frac_hard", "daa/lambda_mean",
+            "daa/pos_share_before", "daa/pos_share_after")  # fmt: skip
 
 
 def study_config(budget: int, eval_every: int, quick: bool = False):
@@ -73,6 +76,9 @@ def read_run(run_dir: str, k: int) -> dict:
         if r["kind"] == "train":
             tokens[r["step"]] = r["tokens/generated_total"]
     evals = [r for r in rows if r["kind"] == "eval"]
+    steps = [r for r in rows if r["kind"] == "train"]
+    means = {key: float(np.mean([r[key] for r in steps if key in r] or [math.nan]))
+             for key in DYNAMICS}  # fmt: skip
     suffix = f"/{HARD_TIER}"
     return {
         "step": [r["step"] for r in evals],
@@ -83,6 +89,7 @@ def read_run(run_dir: str, k: int) -> dict:
         "hard_pass": [r.get(f"eval/pass@{k}{suffix}", math.nan) for r in evals],
         "steps": max(tokens),
         "total_tokens": tokens[max(tokens)],
+        "dynamics": means,
     }
 
 
@@ -97,6 +104,8 @@ def per_seed(curves: dict[str, dict[int, dict]]) -> dict[str, dict[str, list]]:
             row[key] = [runs[s][key][-1] for s in seeds]
         row["tokens"] = [int(runs[s]["total_tokens"]) for s in seeds]
         row["steps"] = [int(runs[s]["steps"]) for s in seeds]
+        if all("dynamics" in runs[s] for s in seeds):
+            row["dynamics"] = {k: [runs[s]["dynamics"][k] for s in seeds] for k in DYNAMICS}
         out[name] = row
     return out
 
@@ -150,6 +159,13 @@ def markdown(algos: dict, diffs: dict, k: int, budget: int) -> str:
     ]
     for name, d in diffs.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(d[key]) for key in METRICS) + " |")
+    if all("dynamics" in row for row in algos.values()):
+        lines += ["", "Per-step means over each run, then over seeds (train rollouts):", ""]
+        lines += ["| variant | " + " | ".join(DYNAMICS) + " |", "|---" * (1 + len(DYNAMICS)) + "|"]
+        for name, row in algos.items():
+            cells = [f"{np.nanmean(row['dynamics'][k]):.3f}" if not np.all(np.isnan(
+                row["dynamics"][k])) else "–" for k in DYNAMICS]  # fmt: skip
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

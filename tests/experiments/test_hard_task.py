@@ -51,6 +51,15 @@ def test_per_seed_lists_and_paired_t_intervals_by_hand():
     table = hard_task.markdown(algos, diffs, 8, 1000)
     assert "| da3po | 20.0 | 1,002 |" in table
     assert "| da3po - dapo | " in table
+    assert "daa/lambda_mean" not in table  # runs without train dynamics: no such table
+    for name, runs in curves.items():
+        for seed, run in runs.items():
+            lam = math.nan if name == "dapo" else 2.0 + seed
+            run["dynamics"] = {k: lam if k.startswith("daa") else 0.5 for k in hard_task.DYNAMICS}
+    table = hard_task.markdown(hard_task.per_seed(curves), diffs, 8, 1000)
+    row = next(line for line in table.splitlines() if line.startswith("| da3po | 0.500"))
+    assert "| 3.000 |" in row  # lambda means 2, 3, 4 over the seeds
+    assert "| dapo | 0.500 | 0.500 | 0.500 | – |" in table
 
 
 def test_curve_lookup_is_the_last_eval_within_the_tokens():
