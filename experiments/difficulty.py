@@ -117,17 +117,24 @@ def main(argv=None) -> None:
     print(md)
 
 
-def plot_hist(rates, tiers, samples: int, path: str, what: str = "held-out prompts") -> None:
-    """Histogram of per-prompt pass rates by tier (one bar per possible count)."""
+def plot_hist(
+    rates, tiers, samples: int, path: str, what: str = "held-out prompts", mark=None, xmax=1.0
+) -> None:
+    """Histogram of per-prompt pass rates by tier (one bar per possible count); `mark`: a
+    pass rate to draw as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    edges = np.linspace(0, 1, samples + 2) - 0.5 / samples
-    for tier in sorted(set(tiers)):
-        ax.hist([r for r, t in zip(rates, tiers) if t == tier], bins=edges, alpha=0.5, label=tier)
+    edges = (np.arange(samples + 2) - 0.5) / samples  # one bar per count k, centred on k / n
+    names = sorted(set(tiers))
+    per_tier = [[r for r, t in zip(rates, tiers) if t == tier] for tier in names]
+    ax.hist(per_tier, bins=edges, stacked=True, label=names)
+    if mark is not None:
+        ax.axvline(mark, color="k", linestyle="--", linewidth=1)
+    ax.set_xlim(-0.5 / samples, xmax)
     ax.set_xlabel(f"per-prompt pass rate ({samples} samples)")
     ax.set_ylabel(what)
     ax.legend()

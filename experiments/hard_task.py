@@ -176,7 +176,9 @@ def plot_curves(curves: dict[str, dict[int, dict]], budget: int, path: str, k: i
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grid = np.linspace(0, budget, 41)
+    # to the largest run's total: the stop overshoots the budget by at most one step
+    end = max(c["total_tokens"] for runs in curves.values() for c in runs.values())
+    grid = np.linspace(0, max(budget, end), 41)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for name, runs in curves.items():
         for ax, key in zip(axes, ("overall_avg", "hard_avg", "hard_pass")):
@@ -217,7 +219,9 @@ def profile(warm: str, args) -> dict:
             json.dump({"rates": rates.tolist(), "tiers": tiers, "seconds": seconds}, f)
     res, md = table(rates, tiers, PROFILE_BINS)
     png = os.path.join(args.figures, "hard_task_difficulty.png")
-    plot_hist(rates, tiers, args.profile_samples, png)
+    top = max(0.25, float(np.max(rates)) + 2 / args.profile_samples)
+    edge = 1 / 16 + 0.5 / args.profile_samples  # the bars left of it are <= 1/16
+    plot_hist(rates, tiers, args.profile_samples, png, "training prompts", edge, min(top, 1.0))
     head = (
         f"Success probabilities of the warm start on {len(rates)} training prompts, "
         f"{args.profile_samples} samples each (share of prompts per bin).\n\n"
