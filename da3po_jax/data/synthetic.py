@@ -7,15 +7,16 @@ and the tiers differ by how many times it must be applied without a slip:
 - easy:   one step, `47 + 8`.
 - medium: two steps, `47 + 8 + 6` worked as `47 + 8 + 6 = 55 + 6 = 61`.
 - hard:   three steps, `47 + 8 + 6 + 9 = 55 + 6 + 9 = 61 + 9 = 70`.
-- harder: five steps, `47 + 8 + 6 + 9 + 3 + 5 = ... = 78`; off by default (weight 0), the
-  tier of the hard task (`configs/tiny_math_hard.py`), where most prompts are solved by
-  fewer than 1 in 16 samples at the warm start.
+- harder: five steps, `47 + 8 + 6 + 9 + 3 + 5 = ... = 78`; off by default (weight 0), half
+  of the hard task (`configs/tiny_math_hard.py`).
 
-A step's success rate p gives a tier rate of about p, p^2, p^3 (and p^5), so after warm-up the
+A step's success rate p gives a tier rate of about p, p^2, p^3 (p^5), so after warm-up the
 hard tier has a low but non-zero pass rate (the regime DA3PO is about), and held-out
-problems are new chains of steps that the training problems also contain. (Problems built
-on multi-digit addition or multiplication are also available through `make_problem`, but
-a model of this size does not learn them in minutes on a CPU.)
+problems are new chains of steps that the training problems also contain. A warm start
+too weak to have learned the step guesses near the answer instead, and its tiers barely
+differ (docs/results.md, the hard task). Problems built on multi-digit addition or
+multiplication are also available through `make_problem`, but a model of this size does
+not learn them in minutes on a CPU.
 
 The id of a problem is its expression (`syn:47+8+6`), so it is the same for every seed, and
 its split (`sft`, `train`, `heldout`) is a hash of its *split key*, the expression with the
@@ -247,7 +248,8 @@ def generate_split(
       split: `"sft"` (supervised warm-up), `"train"` (RL prompts) or `"heldout"` (eval).
       size: number of problems.
       seed: non-negative seed; with the other arguments it fixes the list exactly.
-      tier_weights: relative share of each tier (default equal thirds).
+      tier_weights: relative share of each tier (default: easy, medium, hard in equal
+        thirds, no `harder`).
       split_fractions: relative sizes of the splits' id spaces (default 0.4/0.4/0.2).
         Must be the same for every split of one run, or the splits may overlap.
 
