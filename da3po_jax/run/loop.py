@@ -133,7 +133,7 @@ class RLTrainer:
             step = int(self.state.step)
             self.logger.write(step, metrics)
             self._nonfinite.check(step, metrics, self.checkpointer.latest_step)
-            bar.set_postfix(_progress(metrics))
+            bar.set_postfix(_progress(metrics, self.tokens))
             every, last = s.train.eval_every, step == s.train.steps or self.tokens.reached
             self._eval_pending = bool(every and (step % every == 0 or last))
             self._stop_if_asked()  # before the eval: a preempted run has seconds, not minutes
@@ -331,13 +331,15 @@ def _progress_bar(s: Settings, start: int) -> tqdm:
     )
 
 
-def _progress(metrics: dict[str, float]) -> dict[str, str]:
-    """Progress-bar fields; a step that trained on carried groups only (no generation
-    round) has no rollout metrics."""
+def _progress(metrics: dict[str, float], tokens: TokenBudget) -> dict[str, str]:
+    """Progress-bar fields (with `train.token_budget`, the share of it spent); a step that
+    trained on carried groups only (no generation round) has no rollout metrics."""
+    spent = {"budget": f"{tokens.total / tokens.budget:.0%}"} if tokens.budget else {}
     if "reward/mean" not in metrics:
-        return {"rounds": "0 (carried surplus)"}
+        return {"rounds": "0 (carried surplus)", **spent}
     return {
         "reward": f"{metrics['reward/mean']:.3f}",
         "acc": f"{metrics['reward/acc']:.3f}",
         "tok_s": f"{metrics['throughput/gen_tokens_per_s']:.0f}",
+        **spent,
     }

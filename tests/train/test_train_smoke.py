@@ -386,3 +386,19 @@ def test_token_budget_stops_the_run_and_survives_resume(tmp_path, hash_scorer):
     again = train(cfg, capped)
     assert again["steps"] == 2
     assert [r["step"] for r in read_rows(capped) if r["kind"] == "train"] == [1, 2]
+
+
+def test_token_budget_counts_and_the_progress_bar_shows_its_share():
+    from da3po_jax.run.loop import TokenBudget, _progress
+
+    budget = TokenBudget(1000)
+    assert budget.add(250.0) == {"tokens/generated": 250.0, "tokens/generated_total": 250.0}
+    assert not budget.reached
+    row = {"reward/mean": 0.5, "reward/acc": 0.5, "throughput/gen_tokens_per_s": 10.0}
+    assert _progress(row, budget)["budget"] == "25%"
+    assert _progress({}, budget) == {"rounds": "0 (carried surplus)", "budget": "25%"}
+    budget.add(750.0)
+    assert budget.reached and budget.total == 1000
+    unlimited = TokenBudget(0)
+    unlimited.add(10**9)
+    assert not unlimited.reached and "budget" not in _progress(row, unlimited)
