@@ -125,9 +125,10 @@ def read_run(run_dir: str, k: int) -> dict:
     }
 
 
-def at_budget(curve: dict, budget: float, key: str) -> float:
-    """Accuracy at the last evaluation whose cumulative samples fit in `budget`."""
-    ok = [i for i, s in enumerate(curve["samples"]) if s <= budget + 1e-9]
+def at_budget(curve: dict, budget: float, key: str, axis: str = "samples") -> float:
+    """`key` at the last evaluation whose cumulative `axis` (generated samples, or tokens)
+    fits in `budget`."""
+    ok = [i for i, s in enumerate(curve[axis]) if s <= budget + 1e-9]
     return curve[key][ok[-1]] if ok else math.nan
 
 

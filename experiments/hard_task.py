@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments.compare import ROOT, base_config, mean_ci, run_variant, warm_start
+from experiments.compare import ROOT, _fmt, at_budget, base_config, mean_ci, run_variant, warm_start
 
 log = logging.getLogger("experiments")
 CONFIG = "tiny_math_hard"
@@ -60,7 +60,7 @@ def study_config(budget: int, eval_every: int, quick: bool = False):
     c = base_config(10_000, eval_every, micro=quick, config=CONFIG)
     c.rollout.engine = "continuous"  # the default engine
     c.train.token_budget = budget
-    c.train.checkpoint_every = 0  # the stop (budget) still checkpoints
+    c.train.checkpoint_every = 0  # none: a finished run is reused from its summary.json
     if quick:
         c.data.synthetic_tier_weights = (0.0, 0.0, 1.0, 1.0)
         c.rollout.max_new_tokens, c.sft.max_len = 16, 192
@@ -77,6 +77,7 @@ def read_run(run_dir: str, k: int) -> dict:
             tokens[r["step"]] = r["tokens/generated_total"]
     evals = [r for r in rows if r["kind"] == "eval"]
     steps = [r for r in rows if r["kind"] == "train"]
+    # nan where the run logs no such metric (DAA's under GRPO and DAPO)
     means = {key: float(np.mean([r[key] for r in steps if key in r] or [math.nan]))
              for key in DYNAMICS}  # fmt: skip
     suffix = f"/{HARD_TIER}"
@@ -104,8 +105,7 @@ def per_seed(curves: dict[str, dict[int, dict]]) -> dict[str, dict[str, list]]:
             row[key] = [runs[s][key][-1] for s in seeds]
         row["tokens"] = [int(runs[s]["total_tokens"]) for s in seeds]
         row["steps"] = [int(runs[s]["steps"]) for s in seeds]
-        if all("dynamics" in runs[s] for s in seeds):
-            row["dynamics"] = {k: [runs[s]["dynamics"][k] for s in seeds] for k in DYNAMICS}
+        row["dynamics"] = {k: [runs[s]["dynamics"][k] for s in seeds] for k in DYNAMICS}
         out[name] = row
     return out
 
@@ -124,17 +124,6 @@ def paired(algos: dict[str, dict[str, list]], pairs: Sequence[tuple[str, str]]) 
             for key in METRICS
         }
     return out
-
-
-def curve_at(curve: dict, tokens: float, key: str) -> float:
-    """The value at the last evaluation whose cumulative tokens are <= `tokens`."""
-    ok = [i for i, t in enumerate(curve["tokens"]) if t <= tokens + 1e-9]
-    return curve[key][ok[-1]] if ok else math.nan
-
-
-def _fmt(mc) -> str:
-    m, h = mc
-    return f"{m:.3f} ± {h:.3f}" if not math.isnan(h) else f"{m:.3f}"
 
 
 def markdown(algos: dict, diffs: dict, k: int, budget: int) -> str:
@@ -159,13 +148,12 @@ def markdown(algos: dict, diffs: dict, k: int, budget: int) -> str:
     ]
     for name, d in diffs.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(d[key]) for key in METRICS) + " |")
-    if all("dynamics" in row for row in algos.values()):
-        lines += ["", "Per-step means over each run, then over seeds (train rollouts):", ""]
-        lines += ["| variant | " + " | ".join(DYNAMICS) + " |", "|---" * (1 + len(DYNAMICS)) + "|"]
-        for name, row in algos.items():
-            cells = [f"{np.nanmean(row['dynamics'][k]):.3f}" if not np.all(np.isnan(
-                row["dynamics"][k])) else "–" for k in DYNAMICS]  # fmt: skip
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Per-step means over each run, then over seeds (train rollouts):", ""]
+    lines += ["| variant | " + " | ".join(DYNAMICS) + " |", "|---" * (1 + len(DYNAMICS)) + "|"]
+    for name, row in algos.items():
+        means = [float(np.mean(row["dynamics"][k])) for k in DYNAMICS]
+        cells = ["–" if math.isnan(m) else f"{m:.3f}" for m in means]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,7 +170,7 @@ def plot_curves(curves: dict[str, dict[int, dict]], budget: int, path: str, k: i
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for name, runs in curves.items():
         for ax, key in zip(axes, ("overall_avg", "hard_avg", "hard_pass")):
-            y = np.asarray([[curve_at(c, t, key) for t in grid] for c in runs.values()])
+            y = np.asarray([[at_budget(c, t, key, "tokens") for t in grid] for c in runs.values()])
             m = y.mean(0)
             ax.plot(grid, m, label=name)
             if y.shape[0] > 1:
@@ -198,12 +186,11 @@ def plot_curves(curves: dict[str, dict[int, dict]], budget: int, path: str, k: i
     plt.close(fig)
 
 
-def profile(warm: str, args) -> dict:
+def profile(warm: str, args, cfg) -> dict:
     """The warm start's difficulty profile on seed 0's training prompts (table + PNG); the
     pass rates are kept in `<warm>/profile_<samples>x<prompts>.json` and reused."""
     from experiments.difficulty import pass_rates, plot_hist, table
 
-    cfg = study_config(args.budget, args.eval_every, args.quick)
     t0 = time.perf_counter()
     cache = os.path.join(warm, f"profile_{args.profile_samples}x{args.profile_prompts}.json")
     if os.path.isfile(cache):
@@ -240,7 +227,10 @@ def run_all(args, cfg, warm) -> tuple[dict[str, dict[int, dict]], dict[str, floa
     runs = os.path.join(args.workdir, f"budget{args.budget}")
     os.makedirs(runs, exist_ok=True)
     walls_path = os.path.join(runs, "wall_s.json")
-    walls = json.load(open(walls_path)) if os.path.isfile(walls_path) else {}
+    walls = {}
+    if os.path.isfile(walls_path):
+        with open(walls_path) as f:
+            walls = json.load(f)
     curves: dict[str, dict[int, dict]] = {}
     for seed in args.seeds:
         for name in args.variants:
@@ -275,7 +265,7 @@ def main(argv=None) -> dict:
     cfg = study_config(args.budget, args.eval_every, args.quick)
     warm = warm_start(args.workdir, cfg)
     os.makedirs(args.figures, exist_ok=True)
-    difficulty = profile(os.path.dirname(warm[0]), args)
+    difficulty = profile(os.path.dirname(warm[0]), args, cfg)
     if args.profile_only:
         return {"difficulty": difficulty}
     curves, walls = run_all(args, cfg, warm)

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # `experiments` is a top-level folder, not an ins
 from experiments import compare, hard_task  # noqa: E402
 
 
-def _curve(final_hard: float, final_all: float, steps: int, tokens: float) -> dict:
+def _curve(final_hard: float, final_all: float, steps: int, tokens: float, lam=math.nan) -> dict:
     return {
         "step": [0, steps],
         "tokens": [0.0, tokens],
@@ -28,6 +28,7 @@ def _curve(final_hard: float, final_all: float, steps: int, tokens: float) -> di
         "hard_pass": [0.0, min(1.0, 2 * final_hard)],
         "steps": steps,
         "total_tokens": tokens,
+        "dynamics": {k: lam if k.startswith("daa") else 0.5 for k in hard_task.DYNAMICS},
     }
 
 
@@ -35,8 +36,8 @@ def test_per_seed_lists_and_paired_t_intervals_by_hand():
     curves = {
         "dapo": {0: _curve(0.10, 0.30, 20, 1000), 1: _curve(0.20, 0.40, 22, 1010),
                  2: _curve(0.15, 0.35, 21, 1005)},
-        "da3po": {0: _curve(0.12, 0.30, 19, 1002), 1: _curve(0.26, 0.41, 21, 1003),
-                  2: _curve(0.16, 0.33, 20, 1001)},
+        "da3po": {0: _curve(0.12, 0.30, 19, 1002, 2.0), 1: _curve(0.26, 0.41, 21, 1003, 3.0),
+                  2: _curve(0.16, 0.33, 20, 1001, 4.0)},
     }  # fmt: skip
     algos = hard_task.per_seed(curves)
     assert algos["dapo"]["hard_avg"] == [0.10, 0.20, 0.15]
@@ -51,22 +52,18 @@ def test_per_seed_lists_and_paired_t_intervals_by_hand():
     table = hard_task.markdown(algos, diffs, 8, 1000)
     assert "| da3po | 20.0 | 1,002 |" in table
     assert "| da3po - dapo | " in table
-    assert "daa/lambda_mean" not in table  # runs without train dynamics: no such table
-    for name, runs in curves.items():
-        for seed, run in runs.items():
-            lam = math.nan if name == "dapo" else 2.0 + seed
-            run["dynamics"] = {k: lam if k.startswith("daa") else 0.5 for k in hard_task.DYNAMICS}
-    table = hard_task.markdown(hard_task.per_seed(curves), diffs, 8, 1000)
+    assert algos["da3po"]["dynamics"]["daa/lambda_mean"] == [2.0, 3.0, 4.0]
     row = next(line for line in table.splitlines() if line.startswith("| da3po | 0.500"))
     assert "| 3.000 |" in row  # lambda means 2, 3, 4 over the seeds
-    assert "| dapo | 0.500 | 0.500 | 0.500 | – |" in table
+    assert "| dapo | 0.500 | 0.500 | 0.500 | – |" in table  # no DAA metrics: a dash
 
 
 def test_curve_lookup_is_the_last_eval_within_the_tokens():
     c = _curve(0.3, 0.5, 10, 800.0)
-    assert hard_task.curve_at(c, 799, "hard_avg") == 0.0
-    assert hard_task.curve_at(c, 800, "hard_avg") == 0.3
-    assert math.isnan(hard_task.curve_at({"tokens": [5.0], "hard_avg": [1.0]}, 1, "hard_avg"))
+    assert compare.at_budget(c, 799, "hard_avg", "tokens") == 0.0
+    assert compare.at_budget(c, 800, "hard_avg", "tokens") == 0.3
+    lone = {"tokens": [5.0], "hard_avg": [1.0]}
+    assert math.isnan(compare.at_budget(lone, 1, "hard_avg", "tokens"))
 
 
 def test_read_run_pairs_evals_with_cumulative_tokens(tmp_path):
@@ -83,6 +80,7 @@ def test_read_run_pairs_evals_with_cumulative_tokens(tmp_path):
     assert run["tokens"] == [0.0, 1100.0] and run["step"] == [0, 2]
     assert run["hard_avg"] == [0.01, 0.03] and run["overall_pass"] == [0.3, 0.4]
     assert run["steps"] == 2 and run["total_tokens"] == 1100.0
+    assert math.isnan(run["dynamics"]["daa/lambda_mean"])  # not logged: nan
 
 
 def test_variants_are_valid_configs_and_the_task_is_the_hard_one():
