@@ -4,10 +4,11 @@
         --config.model.preset=qwen2.5-math-7b --device=h100 [--num_devices=8] [--json]
 
 Flags: `--config` (locked; dotted overrides such as `--config.mesh.shape=1,4,2`),
-`--device` (a key of `DEVICE_GIB`) or `--device_gib`, `--num_devices` (default 8: resolves
-a -1 in mesh.shape; e.g. 4 for a v5p-8, 1 for one GPU), `--prompt_len` (default the
-largest rollout bucket), `--usable` (0.9) and `--json`. They are defined only when the
-module runs as a script, so importing it beside `da3po_jax.main` redefines nothing.
+`--device` (a key of `DEVICE_GIB`) or `--device_gib` (>= 0; 0 = `--device`'s),
+`--num_devices` (>= 1, default 8: resolves a -1 in mesh.shape; e.g. 4 for a v5p-8, 1 for
+one GPU), `--prompt_len` (>= 0; 0 = the largest rollout bucket), `--usable` (in (0, 1],
+default 0.9) and `--json`. They are defined only when the module runs as a script, so
+importing it beside `da3po_jax.main` redefines nothing.
 
 Model shapes come from `config.model.path`'s `config.json` when that folder exists, else
 from `config.model.preset` (with a warning when a path was given but is not here yet).
@@ -21,6 +22,10 @@ docs/memory.md. In short, peak = params + optimizer + reference + teacher + batc
 gathered + max(rollout phase = kv_cache + decode_weights + rollout_work, train phase =
 grads + activations + update_work); the first five, decode_weights and update_work are
 exact from the sharding rules, the rest estimates.
+
+Exit status: 0 once the plan (and with `--compile` the report) is printed; 1 on an error (a
+flag out of its range, a config the run would refuse, a program that did not compile),
+whose traceback is followed by one last line `da3po_jax: error: ...` naming the problem.
 """
 
 from __future__ import annotations
@@ -545,17 +550,45 @@ def _define_flags():
     flags.mark_flags_as_required(["config"])
 
 
+def check_flags(prompt_len: int, usable: float, device_gib: float, num_devices: int) -> None:
+    """Checks the numeric flags of the command against their ranges.
+
+    Raises:
+      ValueError: naming the first flag out of its range, its value and the range.
+    """
+    ranges = (
+        ("prompt_len", prompt_len, prompt_len >= 0, ">= 0 (0 = max(rollout.prompt_buckets))"),
+        ("usable", usable, 0 < usable <= 1, "in (0, 1] (a fraction of the device memory)"),
+        (
+            "device_gib",
+            device_gib,
+            math.isfinite(device_gib) and device_gib >= 0,
+            "a finite number >= 0 (0 = the memory of --device)",
+        ),
+        ("num_devices", num_devices, num_devices >= 1, ">= 1"),
+    )
+    for name, value, ok, allowed in ranges:
+        if not ok:
+            raise ValueError(f"--{name}={value}: must be {allowed}")
+
+
 def main(argv: list[str]) -> None:
-    """Prints the memory plan of `--config` on `--num_devices` x `--device`."""
+    """Prints the memory plan of `--config` on `--num_devices` x `--device`; ends with exit
+    status 1 and a last stderr line naming the problem on any error."""
     from absl import app, flags
+
+    from da3po_jax.runtime.signals import run_reporting_errors
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     F = flags.FLAGS
-    if F.compile:
-        sys.exit(compile_main(F.config, F.compile, F.prompt_len or None, F.json, F.programs))
-    try:
+
+    def run() -> None:
+        check_flags(F.prompt_len, F.usable, F.device_gib, F.num_devices)
+        if F.compile:
+            compile_main(F.config, F.compile, F.prompt_len or None, F.json, F.programs)
+            return
         plan = plan_memory(
             plan_settings(F.config),
             num_devices=F.num_devices,
@@ -564,32 +597,39 @@ def main(argv: list[str]) -> None:
             prompt_len=F.prompt_len or None,
             usable=F.usable,
         )
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
-    print(json.dumps(plan.to_dict(), indent=2) if F.json else plan.table())
+        print(json.dumps(plan.to_dict(), indent=2) if F.json else plan.table())
+
+    code = run_reporting_errors(run)
+    if code is not None:
+        sys.stdout.flush()
+        sys.exit(code)
 
 
-def compile_main(config: Any, name: str, prompt_len: int | None, as_json: bool, only=()) -> int:
+def compile_main(config: Any, name: str, prompt_len: int | None, as_json: bool, only=()) -> None:
     """`--compile`: compiles every program of the run of `config` for the TPU topology
     `name` (`da3po_jax.compile.compile_run`) and prints the report beside this plan
-    (progress on stderr); 1 when a program did not compile or the run cannot be built."""
+    (progress on stderr).
+
+    Raises:
+      RuntimeError: a program did not compile (the report names it with the compiler's
+        message), or this machine cannot compile for `name` (no libtpu, too few devices).
+      ValueError: an unknown topology, or a run that cannot be built.
+    """
     from da3po_jax import compile as aot
 
     progress = functools.partial(print, file=sys.stderr, flush=True)
-    try:
-        topo = aot.topology(name)
-        devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
-        s = plan_settings(config)
-        plan = plan_memory(
-            s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
-        )
-        mc = policy_config(s)
-        args = (s, topo, devices, plan, mc, teacher_config(s, mc), progress, tuple(only))
-        report = aot.compile_run(*args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return aot.print_report(report, as_json)
+    topo = aot.topology(name)
+    devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
+    s = plan_settings(config)
+    plan = plan_memory(
+        s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
+    )
+    mc = policy_config(s)
+    args = (s, topo, devices, plan, mc, teacher_config(s, mc), progress, tuple(only))
+    report = aot.compile_run(*args)
+    if aot.print_report(report, as_json):
+        failed = ", ".join(report["failed"])
+        raise RuntimeError(f"did not compile for {name}: {failed} (see the errors above)")
 
 
 if __name__ == "__main__":

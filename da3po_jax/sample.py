@@ -4,9 +4,20 @@ Loads a Hugging Face model folder, renders each `--prompt` (under the training p
 `--template` when given, then the tokenizer's chat template when it has one) and prints
 `--num_samples` responses per prompt. `--dtype` and `--mesh` take the values of the
 training config's `model.dtype` and `mesh.shape`.
+
+Every argument is checked before the weights are read: the flags' ranges, the model folder
+and its config.json, the tokenizer folder, and that the longest rendered prompt plus
+`--max_new_tokens` fits the model's `max_position_embeddings`.
+
+Exit status: 0 once the samples are printed; 1 on an error: a `--dtype`, `--template` or
+`--mesh` that absl refuses while parsing the flags (`FATAL Flags parsing error: flag
+--dtype=...`), or any other, whose traceback is followed by one last line
+`da3po_jax: error: ...` naming the problem (the flag, or the file).
 """
 
 from __future__ import annotations
+
+import sys
 
 from absl import app, flags
 
@@ -63,24 +74,39 @@ flags.register_validator("mesh", _checked("parse_mesh_shape"))
 
 
 def main(argv: list[str]) -> None:
+    """The command: prints the samples, and ends with exit status 1 and a last stderr line
+    naming the problem on any error."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from da3po_jax.sampling.host import DEFAULT_MESH_SHAPE, sample_from_folder  # fast --help
+    from da3po_jax.runtime.signals import run_reporting_errors  # after flags: fast --help
 
-    result = sample_from_folder(
-        _MODEL.value,
-        _PROMPT.value,
-        tokenizer_path=_TOKENIZER.value,
-        seed=_SEED.value,
-        dtype=_DTYPE.value,
-        template=_TEMPLATE.value,
-        mesh_shape=_MESH.value or DEFAULT_MESH_SHAPE,
-        num_samples=_NUM_SAMPLES.value,
-        max_new_tokens=_MAX_NEW_TOKENS.value,
-        temperature=_TEMPERATURE.value,
-        top_k=_TOP_K.value,
-        top_p=_TOP_P.value,
-    )
+    code = run_reporting_errors(_sample)
+    if code is not None:
+        sys.stdout.flush()
+        sys.exit(code)
+
+
+def _sample() -> None:
+    """Samples and prints; a refused argument is named as its flag (`--max_new_tokens=...`)."""
+    from da3po_jax.sampling.host import DEFAULT_MESH_SHAPE, ArgumentError, sample_from_folder
+
+    try:
+        result = sample_from_folder(
+            _MODEL.value,
+            _PROMPT.value,
+            tokenizer_path=_TOKENIZER.value,
+            seed=_SEED.value,
+            dtype=_DTYPE.value,
+            template=_TEMPLATE.value,
+            mesh_shape=_MESH.value or DEFAULT_MESH_SHAPE,
+            num_samples=_NUM_SAMPLES.value,
+            max_new_tokens=_MAX_NEW_TOKENS.value,
+            temperature=_TEMPERATURE.value,
+            top_k=_TOP_K.value,
+            top_p=_TOP_P.value,
+        )
+    except ArgumentError as e:
+        raise ValueError(f"--{e.name}={e.value}: {e.problem}") from None
     for prompt, texts, lengths in zip(_PROMPT.value, result.texts, result.output.lengths):
         print(f"=== prompt: {prompt!r}")
         for g, (text, n) in enumerate(zip(texts, lengths)):

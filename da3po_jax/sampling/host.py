@@ -10,7 +10,9 @@ prompts whose outputs are dropped. The device only sees fixed shapes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from da3po_jax.data.prompts import format_prompt, get_template
-from da3po_jax.models.config import DTYPE_NAMES
+from da3po_jax.models.config import DTYPE_NAMES, ModelConfig
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel import make_mesh, param_sharding, resolve_mesh_shape, shard_batch
 from da3po_jax.parallel.mesh import batch_size_divisor
@@ -27,6 +29,29 @@ from da3po_jax.sampling.sampler import GenerateConfig, SampleOutput, Sampler
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Training's default `config.mesh.shape`: data parallel over every device, weights replicated.
 DEFAULT_MESH_SHAPE = (-1, 1, 1)
+# The range of each numeric `GenerateConfig` field, as `check_generate_kwargs` checks it.
+_GENERATE_RANGES = {
+    "num_samples": (lambda v: v >= 1, ">= 1"),
+    "max_new_tokens": (lambda v: v >= 1, ">= 1"),
+    "temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "top_k": (lambda v: v >= 0, ">= 0 (0 = off)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 = off)"),
+}
+
+
+class ArgumentError(ValueError):
+    """A refused argument of `sample_from_folder`, named as the keyword (which is also the
+    flag of `python -m da3po_jax.sample`).
+
+    Attributes:
+      name: the keyword argument.
+      value: the value refused.
+      problem: why, and what is allowed.
+    """
+
+    def __init__(self, name: str, value: Any, problem: str):
+        super().__init__(f"{name}={value}: {problem}")
+        self.name, self.value, self.problem = name, value, problem
 
 
 def check_dtype(dtype: str) -> str:
@@ -63,6 +88,59 @@ def parse_mesh_shape(shape: str | Sequence[int]) -> tuple[int, int, int]:
                 "e.g. '1,-1,1'"
             ) from None
     return resolve_mesh_shape(shape, jax.device_count())
+
+
+def check_generate_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Checks the numeric `GenerateConfig` fields among `kwargs` (num_samples,
+    max_new_tokens, temperature, top_k, top_p) against their ranges.
+
+    Raises:
+      ArgumentError: naming the first one out of its range, and the range.
+    """
+    for name, (ok, allowed) in _GENERATE_RANGES.items():
+        if name in kwargs and not ok(kwargs[name]):
+            raise ArgumentError(name, kwargs[name], f"must be {allowed}")
+
+
+def read_model_config(path: str) -> ModelConfig:
+    """The `ModelConfig` of the model folder `path`, read from its config.json alone.
+
+    Raises:
+      FileNotFoundError: no folder `path`, or no config.json in it.
+      ValueError: naming the config.json when it is broken (`ModelConfig.from_hf_folder`).
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model folder {path!r} does not exist")
+    return ModelConfig.from_hf_folder(path)
+
+
+def check_room(
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    max_positions: int,
+    *,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    template: str | None = None,
+) -> int:
+    """Encodes `prompts` as `encode_prompts` does (refusing empty prompts and prompts longer
+    than every bucket) and returns the longest one's token count, when it plus
+    `max_new_tokens` fits the model's `max_positions` (max_position_embeddings).
+
+    Raises:
+      ArgumentError: naming max_new_tokens, the longest prompt and the model's limit.
+    """
+    batch = encode_prompts(tokenizer, prompts, buckets=buckets, template=template)
+    longest = int(batch.mask.sum(-1).max())
+    if longest + max_new_tokens > max_positions:
+        raise ArgumentError(
+            "max_new_tokens",
+            max_new_tokens,
+            f"the longest prompt ({longest} tokens) plus {max_new_tokens} new tokens exceeds "
+            f"the model's max_position_embeddings={max_positions}: at most "
+            f"{max(max_positions - longest, 0)} new tokens fit",
+        )
+    return longest
 
 
 def render_question(
@@ -259,18 +337,37 @@ def sample_from_folder(
         over every device (one device: unsharded).
       **generate_kwargs: `GenerateConfig` fields (num_samples, max_new_tokens, ...).
 
+    Every argument is checked before the weights are read: the model folder's config.json
+    and the tokenizer are loaded first (both cheap) to check that the longest prompt plus
+    `max_new_tokens` fits the model's max_position_embeddings.
+
     Raises:
-      ValueError: a bad `dtype`, `template` or `mesh_shape` (before anything is loaded).
+      ArgumentError: a generate setting out of its range, or a `max_new_tokens` beyond the
+        model's positions.
+      ValueError: a bad `dtype`, `template`, `mesh_shape`, prompt or model config.json.
+      FileNotFoundError: no model folder, no config.json in it, or no tokenizer.
     """
     if dtype is not None:
         check_dtype(dtype)
     if template is not None:
         check_template(template)
-    mesh = make_mesh(parse_mesh_shape(mesh_shape))
+    check_generate_kwargs(generate_kwargs)
+    shape = parse_mesh_shape(mesh_shape)
+    model_cfg = read_model_config(model_path)
     tokenizer = Tokenizer.load(tokenizer_path or model_path)
+    generate = config_for(tokenizer, **generate_kwargs)
+    check_room(
+        tokenizer,
+        prompts,
+        generate.max_new_tokens,
+        model_cfg.max_position_embeddings,
+        buckets=buckets,
+        template=template,
+    )
+    mesh = make_mesh(shape)
     model = load_on_mesh(model_path, mesh, dtype)
     graphdef, state = nnx.split(model)
-    sampler = Sampler(graphdef, model.cfg, config_for(tokenizer, **generate_kwargs))
+    sampler = Sampler(graphdef, model.cfg, generate)
     return sample_text(
         sampler, state, tokenizer, prompts, seed, buckets=buckets, template=template, mesh=mesh
     )

@@ -133,11 +133,57 @@ def test_7b_does_not_fit_one_v5e():
     assert not plan.fits and plan.peak > plan.device_bytes
 
 
+def last_line(out: subprocess.CompletedProcess) -> str:
+    return out.stderr.strip().splitlines()[-1]
+
+
 def test_bad_mesh_shape_names_the_field():
     with pytest.raises(ValueError, match="config.mesh.shape"):
         plan_memory(plan_settings(tiny_cfg()), (2, 2, 2), num_devices=4)
     out = run_cli("--config=configs/tiny_math.py", "--config.mesh.shape=3,1,1", "--num_devices=8")
-    assert out.returncode != 0 and "mesh.shape" in out.stderr
+    assert out.returncode == 1, out.stderr
+    assert last_line(out).startswith("da3po_jax: error: ValueError: config.mesh.shape"), out.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (
+            (-100, 0.9, 0.0, 8),
+            r"^--prompt_len=-100: must be >= 0 \(0 = max\(rollout.prompt_buckets",
+        ),
+        ((0, 7.0, 0.0, 8), r"^--usable=7.0: must be in \(0, 1\]"),
+        ((0, 0.0, 0.0, 8), r"^--usable=0.0: must be in \(0, 1\]"),
+        ((0, 0.9, -5.0, 8), r"^--device_gib=-5.0: must be a finite number >= 0 \(0 = the memory"),
+        ((0, 0.9, float("inf"), 8), r"^--device_gib=inf: must be a finite number >= 0"),
+        ((0, 0.9, 0.0, 0), r"^--num_devices=0: must be >= 1$"),
+    ],
+)
+def test_out_of_range_flags_are_named_with_their_range(flags, match):
+    from da3po_jax.plan import check_flags
+
+    with pytest.raises(ValueError, match=match):
+        check_flags(*flags)
+    check_flags(0, 1.0, 0.0, 1)  # the edges of each range are accepted
+    check_flags(4096, 0.5, 80.0, 8)
+
+
+def test_cli_refuses_out_of_range_flags_on_the_last_line():
+    """A prompt length the planner cannot shape and a usable fraction that would give a
+    wrong verdict: exit status 1, the last stderr line names the flag and its range."""
+    base = ["--config=configs/tiny_math.py", "--config.mesh.shape=1,1,1", "--num_devices=1"]
+    out = run_cli(*base, "--prompt_len=-100")
+    assert out.returncode == 1, out.stderr
+    assert last_line(out) == (
+        "da3po_jax: error: ValueError: --prompt_len=-100: must be >= 0 "
+        "(0 = max(rollout.prompt_buckets))"
+    )
+    out = run_cli(*base, "--usable=7")
+    assert out.returncode == 1 and "fits" not in out.stdout, out.stdout
+    assert last_line(out) == (
+        "da3po_jax: error: ValueError: --usable=7.0: must be in (0, 1] (a fraction of the "
+        "device memory)"
+    )
 
 
 def test_reference_and_teacher_copies():

@@ -1,9 +1,12 @@
-"""`da3po_jax.sample` / `sample_from_folder` flags: --dtype, --template and --mesh."""
+"""`da3po_jax.sample` / `sample_from_folder` flags: --dtype, --template and --mesh; every
+argument refused before the weights are read, and the command's exit status and last
+stderr line on errors."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +26,7 @@ from da3po_jax.models import save_model
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel import make_mesh
 from da3po_jax.run.inputs import prompt_renderer
-from da3po_jax.sampling import Sampler
+from da3po_jax.sampling import Sampler, host
 from da3po_jax.sampling.host import (
     config_for,
     encode_prompts,
@@ -67,6 +70,29 @@ def _run_cli(**values) -> None:
     flags.FLAGS.mark_as_parsed()
     with flagsaver.flagsaver(**values):
         sample_cli.main(["sample"])
+
+
+class WeightsRead(Exception):
+    """Raised in place of reading a model's weights (`no_weights`)."""
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """`sample_from_folder` stops with `WeightsRead` where it would read the weights: a
+    refusal must come before it (and a huge cache is never allocated)."""
+
+    def read(*args, **kwargs):
+        raise WeightsRead
+
+    monkeypatch.setattr(host, "load_on_mesh", read)
+
+
+def _cli_error(capsys, **values) -> str:
+    """The last stderr line of `sample.main` with these flag values; it must exit 1."""
+    with pytest.raises(SystemExit) as exit_info:
+        _run_cli(**values)
+    assert exit_info.value.code == 1
+    return capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_dtype_bfloat16_loads_bf16_params_and_samples(folder, tok):
@@ -171,6 +197,99 @@ def test_cli_subprocess_exits_with_the_flag_error(tmp_path):
     assert "--dtype=float64" in proc.stderr, proc.stderr[-2000:]
     assert "expected one of ['float32', 'bfloat16', 'float16']" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_samples": 0}, r"^num_samples=0: must be >= 1$"),
+        ({"max_new_tokens": 0}, r"^max_new_tokens=0: must be >= 1$"),
+        ({"temperature": -0.5}, r"^temperature=-0.5: must be >= 0 \(0 = greedy\)$"),
+        ({"top_k": -1}, r"^top_k=-1: must be >= 0 \(0 = off\)$"),
+        ({"top_p": 0.0}, r"^top_p=0.0: must be in \(0, 1\] \(1 = off\)$"),
+        ({"top_p": 1.5}, r"^top_p=1.5: must be in \(0, 1\]"),
+    ],
+)
+def test_generate_settings_are_refused_before_loading(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sample_from_folder(str(tmp_path / "missing"), ["x"], **kwargs)
+
+
+def test_folders_are_checked_before_the_weights(folder, tmp_path, no_weights):
+    missing = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=f"model folder '{missing}' does not exist"):
+        sample_from_folder(missing, ["x"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json in model folder"):
+        sample_from_folder(str(tmp_path / "empty"), ["x"])
+    with pytest.raises(FileNotFoundError, match=f"tokenizer folder '{missing}' does not exist"):
+        sample_from_folder(folder, ["x"], tokenizer_path=missing)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(folder):  # the tokenizer's files beside a broken config.json
+        if not name.endswith(".safetensors") and name != "config.json":
+            shutil.copy(os.path.join(folder, name), broken / name)
+    (broken / "config.json").write_text("{")
+    with pytest.raises(ValueError, match=r"model config .*broken/config.json is not valid JSON"):
+        sample_from_folder(str(broken), ["x"])
+
+
+def _room(tok) -> tuple[int, int]:
+    """(tokens of the longest of PROMPTS as rendered, new tokens that fit tiny-qwen2's
+    max_position_embeddings=1024 after it)."""
+    longest = max(map(len, tok.encode([tok.render_prompt(p) for p in PROMPTS])))
+    return longest, 1024 - longest
+
+
+def test_max_new_tokens_beyond_the_model_positions_is_refused(folder, tok, no_weights):
+    """The longest prompt plus max_new_tokens may reach max_position_embeddings, not pass
+    it; the refusal comes before the weights are read."""
+    longest, room = _room(tok)
+    match = (
+        rf"^max_new_tokens={room + 1}: the longest prompt \({longest} tokens\) plus "
+        rf"{room + 1} new tokens exceeds the model's max_position_embeddings=1024: at most "
+        rf"{room} new tokens fit$"
+    )
+    with pytest.raises(ValueError, match=match):
+        sample_from_folder(folder, PROMPTS, max_new_tokens=room + 1)
+    with pytest.raises(WeightsRead):  # exactly full: accepted
+        sample_from_folder(folder, PROMPTS, max_new_tokens=room)
+
+
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"max_new_tokens": 100_000_000}, "--max_new_tokens=100000000: the longest prompt ("),
+        ({"max_new_tokens": 0}, "--max_new_tokens=0: must be >= 1"),
+        ({"num_samples": 0}, "--num_samples=0: must be >= 1"),
+        ({"temperature": -1.0}, "--temperature=-1.0: must be >= 0 (0 = greedy)"),
+        ({"top_k": -2}, "--top_k=-2: must be >= 0 (0 = off)"),
+        ({"top_p": 0.0}, "--top_p=0.0: must be in (0, 1] (1 = off)"),
+    ],
+)
+def test_cli_names_the_refused_flag_on_the_last_line(
+    folder, tok, capsys, no_weights, values, named
+):
+    last = _cli_error(capsys, model=folder, prompt=PROMPTS, **values)
+    assert last.startswith(f"da3po_jax: error: ValueError: {named}"), last
+    if values.get("max_new_tokens", 0) > 1:
+        room = _room(tok)[1]
+        assert last.endswith(f"max_position_embeddings=1024: at most {room} new tokens fit")
+
+
+def test_cli_subprocess_ends_with_the_error_line(tmp_path):
+    """A missing model folder: exit status 1, the last stderr line names the folder."""
+    missing = str(tmp_path / "missing")
+    proc = subprocess.run(
+        [sys.executable, "-m", "da3po_jax.sample", f"--model={missing}", "--prompt=x"],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"da3po_jax: error: FileNotFoundError: model folder '{missing}' does not exist"
 
 
 @pytest.mark.multidevice
