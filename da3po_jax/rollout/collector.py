@@ -40,7 +40,7 @@ from da3po_jax.rl import (
 )
 from da3po_jax.rollout.batch import GroupBatch, ScoredGroups
 from da3po_jax.rollout.history import add_to_history
-from da3po_jax.rollout.protocol import RolloutEngine
+from da3po_jax.rollout.protocol import RolloutEngine, tokens_generated
 from da3po_jax.rollout.stats import RoundStats
 from da3po_jax.sampling import prompt_keys
 
@@ -184,6 +184,12 @@ class Collector:
         config: CollectConfig,
         mesh: Mesh | None = None,
     ):
+        if engine.max_staleness and tokens_generated(engine) is None:
+            raise TypeError(
+                f"{type(engine).__name__} carries groups across steps (max_staleness="
+                f"{engine.max_staleness}) but has no tokens_generated(): the token budget "
+                "would miss the tokens of groups in flight (rollout/protocol.py)"
+            )
         self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
         self.progress: Callable[[str], None] | None = None  # e.g. a progress bar's postfix
         self.add_finished = jitted_add_finished()
@@ -218,13 +224,19 @@ class Collector:
         `max_in_flight` groups beyond the batch); with partial rollouts only the overdue
         ones do, and the others go on generating in the next step.
 
+        Every group judged in the step (returned by the engine, kept or not, whatever step
+        admitted it) enters the DAA prior's moment EMA. The metric `_gen_tokens`, which
+        `train.token_budget` adds up, is the response tokens the engine sampled during the
+        step (`protocol.tokens_generated`; without that call, the returned groups' tokens).
+
         `params` are policy version `version` (the optimizer steps they have taken).
         Returns the batch and the new carry."""
         cfg, engine = self.config, self.engine
         engine.sync_weights(params, version)
+        tokens_before = tokens_generated(engine)
         pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + engine.max_in_flight)
         pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
-        stats = RoundStats(cfg.max_prompts)
+        stats = RoundStats(self.judged_max())
         outcomes: list[tuple[jax.Array, jax.Array]] = []
         admitted, count = 0, int(pending.count)
         while True:
@@ -252,9 +264,18 @@ class Collector:
         metrics = stats.summary(
             admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
         )
+        if tokens_before is not None:  # rows still in flight and later dropped included
+            metrics["_gen_tokens"] = float(tokens_generated(engine) - tokens_before)
         if engine.max_staleness:
             metrics.update(staleness_metrics(batch.items, batch.valid, version, engine))
         return Collected(batch.items, batch.valid, outcomes, metrics), carry
+
+    def judged_max(self) -> int:
+        """The most groups a step can judge: the `max_prompts` it admits, plus, with
+        partial rollouts, the groups carried in flight from earlier steps (at most the
+        engine's `max_in_flight`); the size of the step's accuracy array (`RoundStats`)."""
+        carried = self.engine.max_in_flight if self.engine.max_staleness else 0
+        return self.config.max_prompts + carried
 
     def _add(self, carry, groups: ScoredGroups, pending, stats: RoundStats, outcomes: list):
         """Files one engine return: its outcomes, its kept groups into `pending`."""

@@ -103,6 +103,8 @@ class ContinuousEngine:
         self._scoring: collections.deque[tuple[futures.Future, list[int]]] = collections.deque()
         self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="da3po-scoring")
         self._rollout_s = 0.0  # wall time in `finished` not yet reported
+        # response tokens sampled by rows no longer in the decoder (`tokens_generated`)
+        self._tokens_done = 0
 
     @classmethod
     def from_parts(cls, parts: EngineParts) -> ContinuousEngine:
@@ -174,6 +176,7 @@ class ContinuousEngine:
         newest = 0  # the scoring started by this call, which overlaps the next one
         if self.decoder.busy():
             groups = self.decoder.step(self._params)
+            self._tokens_done += sum(int(gr.lengths.sum()) for gr in groups)
             if groups:
                 starts = [gr.start_version for gr in groups]
                 self._scoring.append((self._pool.submit(self._score, groups), starts))
@@ -198,8 +201,25 @@ class ContinuousEngine:
             return
         self.abandon()
 
+    def tokens_generated(self) -> int:
+        """Response tokens sampled so far (`RolloutEngine`): those of every group the
+        decoder finished (returned, being scored or abandoned since) and those the rows in
+        flight have sampled up to now, less those a restored snapshot's rows came with."""
+        return self._tokens_done + self._tokens_live()
+
+    def _tokens_live(self) -> int:
+        """Tokens sampled by the groups with rows in flight: their finished rows' lengths
+        and each running row's position (the tokens it has, the prefill's first one
+        included; the decoder's host copy, current after every decode call). Prompts
+        queued and not started have sampled none."""
+        d = self.decoder
+        finished = sum(int(gr.lengths.sum()) for gr in d.live_groups())
+        return finished + sum(int(d._steps[s]) for s in d._owner)
+
     def abandon(self) -> None:
-        """Frees the slots and abandons whatever is in flight."""
+        """Frees the slots and abandons whatever is in flight (its tokens stay counted in
+        `tokens_generated`: they were sampled)."""
+        self._tokens_done += self._tokens_live()
         for f, _ in self._scoring:
             f.cancel()
         futures.wait([f for f, _ in self._scoring])  # the scorer is free before anyone reuses it
@@ -235,6 +255,8 @@ class ContinuousEngine:
         being scored submitted for scoring again, in their order."""
         self.abandon()
         self.decoder.restore(arrays, meta, _problem)
+        # the rows' tokens up to the checkpoint were counted by the run that saved it
+        self._tokens_done -= self._tokens_live()
         flat = unstack_groups(arrays.get("scoring"), meta["scoring"], _problem)
         for size in meta["scoring_sizes"]:
             groups, flat = flat[:size], flat[size:]

@@ -22,6 +22,15 @@ and `max_in_flight`, the most prompts it holds at once (what the dynamic-samplin
 makes room for beyond the batch). Every engine returns batches of one fixed size (padded,
 `ScoredGroups.valid`), so the dynamic-sampling update compiles once.
 
+An engine that carries groups across steps (`max_staleness > 0`) must also count what it
+samples, `tokens_generated()`: the response tokens it has sampled so far, counted as they
+are sampled (rows still in flight and work abandoned included; not what a restored
+snapshot's rows had sampled before the checkpoint, which the run that saved it counted).
+The collector reports each step's difference and `train.token_budget` adds them up, so
+the budget sees every generated token once, whether or not its group is ever returned.
+An engine without the call (optional otherwise) returns in each step all it generated in
+it, so the lengths of the groups it returns are that count (`tokens_generated` below).
+
 An engine class is built from `EngineParts` (`from_parts`), says how many prompts it holds
 at most for given settings (`max_in_flight_for`, the surplus size a checkpoint records)
 and whether it decodes in slots (`uses_slots`: `rollout.slots` must hold a group). It is
@@ -68,6 +77,13 @@ class RolloutEngine(Protocol):
     def finished(self) -> list[ScoredGroups]: ...
 
     def release(self) -> None: ...
+
+
+def tokens_generated(engine: RolloutEngine) -> int | None:
+    """The engine's `tokens_generated()`, or None when it has no such call (then it
+    returns in each step all it generated in it; see the module docstring)."""
+    count = getattr(engine, "tokens_generated", None)
+    return None if count is None else int(count())
 
 
 @dataclasses.dataclass(frozen=True)

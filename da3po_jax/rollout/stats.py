@@ -1,6 +1,7 @@
-"""Host-side sums over the groups generated in one step: the collect stage's metrics
-(rewards, accuracy, lengths, dynamic-sampling fractions, verifier failures, times) and
-the group accuracies the DAA prior's moment EMA reads."""
+"""Host-side sums over the groups judged in one step (those the engine returned in it,
+whatever step admitted them): the collect stage's metrics (rewards, accuracy, lengths,
+dynamic-sampling fractions, verifier failures, times) and the group accuracies the DAA
+prior's moment EMA reads."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from da3po_jax.rollout.batch import ScoredGroups
 
 
 class RoundStats:
-    """Host-side sums over the groups generated in one step; `max_groups` is the size of
-    the fixed-shape accuracy array the prior update reads."""
+    """Host-side sums over the groups judged in one step; `max_groups` is the size of the
+    fixed-shape accuracy array the prior update reads: the most groups a step can judge
+    (`Collector.judged_max`, the groups carried in flight from earlier steps included), so
+    it compiles once. Should a step judge more, the array grows (the prior update then
+    compiles for the new size) rather than lose an accuracy the prior's EMA must see."""
 
     def __init__(self, max_groups: int):
         self.scores, self.kept, self.dropped = [], [], 0
@@ -28,6 +32,10 @@ class RoundStats:
         self.dropped += dropped
         self.kept.append(keep)
         end = self._filled + mu.size
+        if end > self.acc.size:
+            more = end - self.acc.size
+            self.acc = np.concatenate([self.acc, np.zeros(more, np.float32)])
+            self.acc_valid = np.concatenate([self.acc_valid, np.zeros(more, np.bool_)])
         self.acc[self._filled : end], self.acc_valid[self._filled : end] = mu, True
         self._filled = end
 
@@ -60,7 +68,7 @@ class RoundStats:
                 "ds/kept_frac": float(np.concatenate(self.kept).mean()),
                 "ds/all_correct_frac": float((mu == 1).mean()),
                 "ds/all_wrong_frac": float((mu == 0).mean()),
-                "_gen_tokens": float(lengths.sum()),
+                "_gen_tokens": float(lengths.sum()),  # the returned groups' (collector)
             }
         )
         for k in ("timeout", "error", "no_answer"):

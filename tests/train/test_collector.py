@@ -1,7 +1,8 @@
 """The collect stage against stand-in rollout engines (no model): the batch, the surplus
 carried to the next step, the cap on admitted prompts, the same batch from a streaming
-engine that returns groups in pieces while the collector keeps admitting, and padded
-returns."""
+engine that returns groups in pieces while the collector keeps admitting, padded
+returns, and the DAA prior's EMA over every group judged in a step, those carried in
+flight from an earlier step included (partial rollouts)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ PROBLEMS = [MathProblem(id=f"p{i}", prompt=f"q{i}", answer="1") for i in range(1
 DROPPED = {"p8", "p2", "p0", "p6", "p10"}
 
 
-def verdicts(problem: MathProblem) -> list[float]:
-    return [0.0] * G if problem.id in DROPPED else [1.0] + [0.0] * (G - 1)
+def verdicts(problem: MathProblem, wrong: frozenset[str] = frozenset(DROPPED)) -> list[float]:
+    return [0.0] * G if problem.id in wrong else [1.0] + [0.0] * (G - 1)
 
 
 def kept_in_order(engine) -> list[int]:
@@ -92,9 +93,9 @@ class FakeEngine:
         self.released += 1
 
 
-def _scored(problems) -> ScoredGroups:
+def _scored(problems, wrong: frozenset[str] = frozenset(DROPPED)) -> ScoredGroups:
     n = len(problems)
-    correct = np.asarray([verdicts(p) for p in problems], np.float32)
+    correct = np.asarray([verdicts(p, wrong) for p in problems], np.float32)
     lengths = np.full((n, G), TN, np.int32)
     batch = GroupBatch.zeros(n, G, TP, TN).replace(
         correct=jnp.asarray(correct),
@@ -199,3 +200,120 @@ def test_the_prompt_cap_trains_on_what_was_kept(caplog):
     assert collected.metrics["ds/batch_fill"] == 0.75
     assert int(carry.surplus.count) == 0
     assert "reached ds.max_prompts=4 admitted prompts with 3 of 4 groups" in caplog.text
+
+
+class CarryingEngine(FakeEngine):
+    """Partial rollouts with `max_staleness` 1: a prompt admitted at version v may stay in
+    flight past the step of v and is overdue in the next one. `finished()` returns the
+    oldest `chunk` prompts in flight, scored with `wrong` the all-wrong prompts; each
+    returned group counts G x TN sampled tokens (`tokens_generated`)."""
+
+    max_staleness = 1
+
+    def __init__(self, slots: int, chunk: int, wrong: frozenset[str]):
+        super().__init__(slots, chunk)
+        self.wrong, self.version, self.sampled = wrong, 0, 0
+        self.versions: list[int] = []  # admission version of each prompt in flight
+
+    def sync_weights(self, params, version: int = 0) -> None:
+        super().sync_weights(params, version)
+        self.version = version
+
+    def admit(self, problems, keys) -> None:
+        super().admit(problems, keys)
+        self.versions += [self.version] * len(problems)
+
+    def overdue(self, version: int) -> int:
+        return sum(v <= version - self.max_staleness for v in self.versions)
+
+    def finished(self) -> list[ScoredGroups]:
+        done, self.queue = self.queue[: self.chunk], self.queue[self.chunk :]
+        started, self.versions = self.versions[: len(done)], self.versions[len(done) :]
+        if not done:
+            return []
+        self.sampled += len(done) * G * TN
+        scored = _scored(done, self.wrong)
+        # every token sampled at its group's admission version (what the batch records)
+        version = np.broadcast_to(np.asarray(started, np.int32)[:, None, None], (len(done), G, TN))
+        batch = scored.batch.replace(version=jnp.asarray(version))
+        return [ScoredGroups(batch, scored.scores, scored.problems)]
+
+    def tokens_generated(self) -> int:
+        return self.sampled
+
+
+def _moments_ema(steps: list[list[float]], decay: float) -> tuple[float, float]:
+    """The prior's moment EMA by hand: per step the mean and unbiased variance of the
+    judged groups' accuracies; the first step's taken as they are."""
+    mean = var = None
+    for acc in steps:
+        m, v = float(np.mean(acc)), float(np.var(acc, ddof=1))
+        if mean is None:
+            mean, var = m, v
+        else:
+            mean, var = decay * mean + (1 - decay) * m, decay * var + (1 - decay) * v
+    return mean, var
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_the_prior_sees_every_group_judged_with_partial_rollouts(chunk):
+    """Batches of 2, 4 prompts admitted per step. Step 1 (version 0) admits p5 p8 p11 p7
+    and its batch fills with the mixed p5, p8: p11 and p7 stay in flight (not overdue).
+    Step 2 admits p4 p2 p1 p0 and judges the carried p11, p7 (all wrong), then p4, p2
+    (all wrong), then p1, p0 (mixed): 6 groups, more than the 4 it admits. The prior's
+    EMA takes all 6 accuracies (before, the step's accuracy array held `max_prompts`:
+    returns of 2 failed to fit it, returns of 1 were silently left out)."""
+    wrong = frozenset({"p11", "p7", "p4", "p2"})
+    engine = CarryingEngine(slots=8, chunk=chunk, wrong=wrong)
+    cfg = CollectConfig(
+        capacity=2,
+        max_prompts=4,
+        keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
+        use_prior=True,
+    )
+    collector = Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)
+    carry = collector.initial_carry(len(PROBLEMS))
+    judged = []
+    for version in range(2):
+        collected, carry = collector.collect(None, carry, jax.random.key(version), version)
+        carry = collector.after_update(carry, collected)
+        index = np.concatenate([to_host(i) for i, _ in collected.outcomes])
+        correct = np.concatenate([to_host(c) for _, c in collected.outcomes])
+        judged.append((index.tolist(), correct.mean(axis=1).tolist()))
+        assert collected.metrics["ds/batch_fill"] == 1.0
+        mean, var = _moments_ema([acc for _, acc in judged], cfg.prior_ema)
+        assert float(carry.prior.mean) == pytest.approx(mean, rel=1e-6, abs=1e-7), version
+        assert float(carry.prior.var) == pytest.approx(var, rel=1e-6, abs=1e-7), version
+    assert engine.admitted == [["p5", "p8", "p11", "p7"], ["p4", "p2", "p1", "p0"]]
+    assert judged[0] == ([5, 8], [0.25, 0.25])
+    assert judged[1] == ([11, 7, 4, 2, 1, 0], [0.0, 0.0, 0.0, 0.0, 0.25, 0.25])
+    # the hand-computed values themselves: step 1 (1/4, 0), then the EMA with step 2's
+    # mean 1/12 and unbiased variance (4 (1/12)^2 + 2 (1/6)^2) / 5 = 1/60
+    assert _moments_ema([judged[0][1], judged[1][1]], 0.9) == pytest.approx(
+        (0.9 / 4 + 0.1 / 12, 0.1 / 60)
+    )
+
+
+def test_an_engine_carrying_groups_must_count_its_tokens():
+    """An engine with `max_staleness` > 0 and no `tokens_generated()` is refused: the
+    token budget would miss what its groups in flight sampled."""
+
+    class Uncounted(FakeEngine):
+        max_staleness = 1
+
+    with pytest.raises(TypeError, match="has no tokens_generated"):
+        _collector(Uncounted(4, 4))
+
+
+def test_round_stats_grow_rather_than_lose_an_accuracy():
+    """Sized for fewer groups than a step judges (an engine exceeding its `max_in_flight`),
+    the accuracy array grows: every group still reaches the prior's EMA."""
+    from da3po_jax.rollout.stats import RoundStats
+
+    stats = RoundStats(1)
+    for problems in (PROBLEMS[:2], PROBLEMS[2:3]):  # p0 p1, then p2 (all wrong)
+        groups = _scored(problems)
+        mu = groups.scores.correct.mean(axis=1)
+        stats.add(groups, np.ones(len(problems), bool), mu, 0)
+    acc, valid = stats.group_accuracies()
+    assert to_host(acc).tolist() == [0.0, 0.25, 0.0] and to_host(valid).all()

@@ -1,6 +1,8 @@
 """Partial rollouts in the RL loop (`rollout.max_staleness`, docs/algorithms.md "Partial
-rollouts"): the config rules, the decoupled objective switched on, and DA3PO runs whose
-groups span policy versions within the bound, with nothing admitted lost. (That
+rollouts"): the config rules, the decoupled objective switched on, DA3PO runs whose
+groups span policy versions within the bound, with nothing admitted lost, and the
+collect stage over a real engine carrying groups across steps: the DAA prior sees every
+judged group and the token budget every sampled token, once across a resume. (That
 `max_staleness = 0` leaves the continuous engine's runs as they were is the
 `da3po_continuous` case of test_metric_reference.py.)"""
 
@@ -9,15 +11,28 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_train_smoke import hash_scorer, micro_config, read_rows  # noqa: E402, F401
 
 from da3po_jax.config import resolve_settings as settings_from  # noqa: E402
+from da3po_jax.data import MathProblem, PromptIterator  # noqa: E402
+from da3po_jax.models import get_preset, init_model  # noqa: E402
+from da3po_jax.models.tokenizer import Tokenizer  # noqa: E402
+from da3po_jax.rewards.scorer import BatchScores, ScoreResult  # noqa: E402
+from da3po_jax.rl import OverlongConfig  # noqa: E402
+from da3po_jax.rollout import CollectConfig, Collector, KeepRule, PromptEncoder  # noqa: E402
+from da3po_jax.rollout.continuous import ContinuousEngine  # noqa: E402
 from da3po_jax.run import train  # noqa: E402
 from da3po_jax.run.build import update_config  # noqa: E402
+from da3po_jax.run.loop import TokenBudget  # noqa: E402
+from da3po_jax.sampling import GenerateConfig  # noqa: E402
+from da3po_jax.sampling.continuous import SlotConfig, SlotDecoder  # noqa: E402
 
 G = 4  # micro_config's group size
 # wall-clock metrics, and compile counts (a resumed run reuses this process's programs)
@@ -158,3 +173,166 @@ def test_kill_9_with_work_in_flight_then_resume_is_exact(tmp_path, partial_kv):
         ]
     assert [r["step"] for r in rows["killed"]] == [1, 2, 3]
     assert rows["killed"] == rows["whole"]
+
+
+class _IdsText:
+    """Stands in for a `transformers` tokenizer: a text is its token ids, space-separated."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+class _FirstSampleScorer:
+    """Deterministic verdicts by prompt: a group of a prompt whose answer is "1" is mixed
+    (its first sample correct, as the engine scores whole groups in order), any other
+    prompt's group all wrong (never solved)."""
+
+    def score_batch(self, responses, references):
+        flags = [ref == "1" and i % G == 0 for i, ref in enumerate(references)]
+        results = [ScoreResult(f, float(f), r, "ok") for f, r in zip(flags, responses)]
+        return BatchScores(results, {"ok": len(results), "total": len(results)})
+
+    def close(self):
+        pass
+
+
+def _partial_collector(problems, graphdef, cfg) -> Collector:
+    """The collect stage over a continuous engine carrying groups one step: 8 slots (2
+    groups of G 4), rows of 12 tokens sampled over 6 decode calls of 2, batches of 2, 4
+    prompts admitted per step at most, the DAA prior read."""
+    n, prompt_len = 12, 9
+    gen = GenerateConfig(num_samples=G, max_new_tokens=n, temperature=1.0)
+    slots = SlotConfig(slots=8, prompt_len=prompt_len, steps_per_call=2, block=8)
+    encoder = PromptEncoder(Tokenizer(_IdsText(), (1,), 0), lambda p: p.prompt, (prompt_len,))
+    engine = ContinuousEngine(
+        SlotDecoder(graphdef, cfg, gen, slots),
+        encoder,
+        _FirstSampleScorer(),
+        prompt_len,
+        {p.id: i for i, p in enumerate(problems)},
+        max_in_flight=ContinuousEngine.max_in_flight_for(4, 8, G),
+        max_staleness=1,
+    )
+    config = CollectConfig(
+        capacity=2,
+        max_prompts=4,
+        keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(n)),
+        use_prior=True,
+    )
+    return Collector(engine, PromptIterator(problems, seed=0), config)
+
+
+def _partial_problems(vocab: int) -> list[MathProblem]:
+    """24 prompts of 3 to 8 random ids; by the order the iterator gives them (2 per slot
+    fill): 1-2 solved, 3-6 never, 7-10 solved, the rest never. So step 1's batch fills
+    with prompts 1-2 while 3-4 are in flight; step 2 judges those carried and admits 5-8,
+    filling with 7-8 (6 groups judged, 4 admitted); step 3 fills with 9-10 while 11-12 are
+    in flight at the stop."""
+    rng = np.random.default_rng(0)
+    prompts = [" ".join(map(str, rng.integers(2, vocab, 3 + i % 6))) for i in range(24)]
+    order = PromptIterator([MathProblem(f"p{i}", q, "0") for i, q in enumerate(prompts)], seed=0)
+    solved = {p.id for j, p in enumerate(order.next_batch(12)) if j in (0, 1, 6, 7, 8, 9)}
+    return [MathProblem(f"p{i}", q, str(int(f"p{i}" in solved))) for i, q in enumerate(prompts)]
+
+
+def _returned_tokens(engine: ContinuousEngine) -> list[int]:
+    """Wraps `engine.finished` to add up the lengths of the rows it returns."""
+    returned, finished = [0], engine.finished
+
+    def counting():
+        ready = finished()
+        returned[0] += sum(int(r.scores.lengths.sum()) for r in ready)
+        return ready
+
+    engine.finished = counting
+    return returned
+
+
+def _in_flight_tokens(engine: ContinuousEngine) -> int:
+    """The tokens sampled by the work a checkpoint carries (`ContinuousEngine.snapshot`):
+    each live row's slot position, the finished rows of the live groups, the groups being
+    scored."""
+    arrays, meta = engine.snapshot()
+    rows = sum(meta["steps"][row[0]] for row in meta["rows"])
+    buffers = [np.asarray(arrays[k]["lengths"]) for k in ("groups", "scoring") if k in arrays]
+    return rows + sum(int(b.sum()) for b in buffers)
+
+
+def test_the_collect_stage_counts_every_judged_group_and_sampled_token():
+    """Partial rollouts over the continuous engine (an untrained model, the same weights
+    each step, their version counted up), 3 steps (`_partial_problems`):
+
+    - the DAA prior's EMA is that of every judged group's accuracy, step by step, step 2
+      judging 6 groups, 2 of them carried in flight from step 1 (before, the step's
+      accuracy array held `ds.max_prompts` = 4 and the step failed);
+    - `train.token_budget`'s count (the steps' `_gen_tokens` added up by `TokenBudget`)
+      equals the tokens of the groups returned plus those sampled by the rows in flight
+      at the stop, read from the engine's checkpoint snapshot (before, it counted the
+      returned groups only);
+    - resumed from the snapshot after step 1 in a fresh engine (as a checkpoint restores
+      it), steps 2 and 3 count what the uninterrupted run counts: the tokens the rows
+      carried in flight had sampled before the checkpoint are not counted again."""
+    # no stop id: every row samples its 12 tokens, so which groups a step judges and
+    # carries does not depend on the model (one layer of tiny-qwen2: compiles quickly)
+    cfg = get_preset("tiny-qwen2", num_layers=1)
+    graphdef, params = nnx.split(init_model(cfg, 0))
+    problems = _partial_problems(cfg.vocab_size)
+    steps, resume_at = 3, 1
+    collector = _partial_collector(problems, graphdef, cfg)
+    engine = collector.engine
+    returned = _returned_tokens(engine)
+    carry = collector.initial_carry(len(problems))
+    budget, judged, counted, saved = TokenBudget(0), [], [], None
+    try:
+        for version in range(steps):
+            collected, carry = collector.collect(params, carry, jax.random.key(version), version)
+            engine.release()
+            index = np.concatenate([np.asarray(i) for i, _ in collected.outcomes])
+            correct = np.concatenate([np.asarray(c) for _, c in collected.outcomes])
+            judged.append(correct[index >= 0].mean(axis=1))
+            mean, var = _moments_ema(judged, 0.9)
+            assert float(carry.prior.mean) == pytest.approx(mean, rel=1e-6, abs=1e-7), version
+            assert float(carry.prior.var) == pytest.approx(var, rel=1e-6, abs=1e-7), version
+            counted.append(collected.metrics["_gen_tokens"])
+            budget.add(collected.metrics["_gen_tokens"])
+            if version + 1 == resume_at:  # what a checkpoint of this step holds
+                arrays, meta = engine.snapshot()
+                arrays = jax.tree.map(jnp.copy, arrays)  # the engine goes on with its buffers
+                saved = (arrays, meta, collector.iterator.state.to_dict(), carry)
+        in_flight = _in_flight_tokens(engine)
+    finally:
+        engine.abandon()
+    assert [len(a) for a in judged] == [2, 6, 2]
+    assert [a.tolist() for a in judged[1:]] == [[0.0] * 4 + [0.25] * 2, [0.25] * 2]
+    assert in_flight > 0  # rows of 2 groups were sampling when the run stopped
+    assert budget.total == returned[0] + in_flight
+
+    arrays, meta, data, carry = saved
+    assert meta["in_flight"] == 2 and meta["rows"]
+    resumed = _partial_collector(problems, graphdef, cfg)
+    resumed.engine.restore(arrays, meta)
+    assert resumed.engine.tokens_generated() == 0  # what its rows came with is counted
+    resumed.iterator.restore(data)
+    try:
+        for version in range(resume_at, steps):
+            collected, carry = resumed.collect(params, carry, jax.random.key(version), version)
+            resumed.engine.release()
+            assert collected.metrics["_gen_tokens"] == counted[version], version
+    finally:
+        resumed.engine.abandon()
+
+
+def _moments_ema(steps: list[np.ndarray], decay: float) -> tuple[float, float]:
+    """The prior's moment EMA by hand: per step the mean and unbiased variance of the
+    judged groups' accuracies; the first step's taken as they are."""
+    mean = var = None
+    for acc in steps:
+        m, v = float(np.mean(acc)), float(np.var(acc, ddof=1))
+        if mean is None:
+            mean, var = m, v
+        else:
+            mean, var = decay * mean + (1 - decay) * m, decay * var + (1 - decay) * v
+    return mean, var
