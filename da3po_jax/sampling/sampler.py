@@ -188,23 +188,44 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 
 def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
     """A zeroed cache for `prompt_tokens` [P, Tp], placed like them: under a mesh the batch
-    axis is split as the prompts' is, and KV heads over `tensor` where they divide."""
-    init = cache_initializer(cfg, prompt_tokens.shape, config)
-    return jax.jit(init, out_shardings=cache_shardings(cfg, init, prompt_tokens))()
+    axis is split as the prompts' is, and KV heads over `tensor` where they divide.
+
+    The allocation is one jitted program per (model config, rows, slots, placement)
+    (`_cache_allocator`): the static engine makes its cache anew every RL step (`Sampler`
+    frees it for the update), and a fresh `jax.jit` of a fresh closure never hits jit's
+    cache, so it compiled again every step."""
+    rows, slots = _cache_dims(prompt_tokens.shape, config)
+    return _cache_allocator(cfg, rows, slots, getattr(prompt_tokens, "sharding", None))()
 
 
 def cache_initializer(cfg: ModelConfig, prompt_shape: tuple[int, int], config: GenerateConfig):
     """The function that builds the zeroed cache of [P, Tp] prompts (P x G rows)."""
+    return functools.partial(KVCache.init, cfg, *_cache_dims(prompt_shape, config))
+
+
+def _cache_dims(prompt_shape: tuple[int, int], config: GenerateConfig) -> tuple[int, int]:
+    """(rows, slots) of the cache of [P, Tp] prompts: P x G rows of `cache_length` slots."""
     p, tp = prompt_shape
-    rows, slots = p * config.num_samples, cache_length(tp, config.max_new_tokens)
-    return functools.partial(KVCache.init, cfg, rows, slots)
+    return p * config.num_samples, cache_length(tp, config.max_new_tokens)
+
+
+@functools.lru_cache(maxsize=16)
+def _cache_allocator(cfg: ModelConfig, rows: int, slots: int, sharding: Any):
+    """The jitted allocation of a zeroed [rows, slots] cache placed after the prompts'
+    `sharding` (cached on its hashable inputs: equal shapes and placement compile once)."""
+    init = functools.partial(KVCache.init, cfg, rows, slots)
+    return jax.jit(init, out_shardings=_placed_like(cfg, init, sharding))
 
 
 def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
     """The shardings of the cache `init()` builds for `prompt_tokens` (an array or a
     `jax.ShapeDtypeStruct`): rows split as the prompts' batch axis, KV heads over `tensor`
-    where they divide; None without a `NamedSharding`."""
-    sharding = getattr(prompt_tokens, "sharding", None)
+    where they divide; without a `NamedSharding`, the prompts' own sharding (or None)."""
+    return _placed_like(cfg, init, getattr(prompt_tokens, "sharding", None))
+
+
+def _placed_like(cfg: ModelConfig, init, sharding: Any) -> Any:
+    """`cache_shardings` of prompts placed by `sharding`."""
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return sharding
     mesh = sharding.mesh

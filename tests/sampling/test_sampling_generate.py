@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 from conftest import left_padded_batch
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from sampling_helpers import chi_square, log_softmax, ref_log_probs, tiny_model
 from scipy import stats
 
-from da3po_jax.models import ModelConfig, Transformer, positions_from_mask
-from da3po_jax.sampling import GenerateConfig, Sampler, generate, trace_count
+from da3po_jax.models import ModelConfig, Transformer, get_preset, positions_from_mask
+from da3po_jax.parallel.mesh import BATCH_AXES, make_mesh
+from da3po_jax.sampling import GenerateConfig, Sampler, generate, new_cache, trace_count
+from da3po_jax.sampling.sampler import cache_length
 
 LENGTHS = (9, 5, 2)  # unequal prompt lengths, left-padded to 9
 
@@ -296,3 +300,53 @@ def test_a_weight_split_on_its_last_dimension_is_gathered_along_the_one_before()
     # 12 rows do not divide over tensor x fsdp = 8: gathered where it is
     assert gather_steps(P("tensor", "fsdp"), (12, 64), mesh) == [P("tensor", None)]
     assert gather_steps(P(), (64,), mesh) == [P(None)]
+
+
+def _compiles(caplog) -> list[str]:
+    """The XLA compilations `jax.log_compiles` logged since `caplog` was last cleared."""
+    return [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
+
+
+def test_a_new_cache_of_shapes_seen_before_compiles_nothing(caplog):
+    """The static engine makes its cache anew every RL step (`Sampler.clear` frees it
+    before the update): a cache of shapes seen before compiles nothing (before, each call
+    wrapped a fresh `functools.partial` in `jax.jit`, whose cache never hit, so every step
+    compiled it again). The cache is zeroed, of the generate call's shapes, and placed like
+    the prompts, also for prompts split over a mesh."""
+    cfg = get_preset("tiny-qwen2", num_layers=1)
+    gen = GenerateConfig(num_samples=3, max_new_tokens=5)
+    tokens, _ = _prompts(cfg.vocab_size)
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    on_mesh = jax.device_put(tokens, NamedSharding(mesh, PartitionSpec(BATCH_AXES)))
+    for prompts in (jnp.asarray(tokens), on_mesh):
+        first = new_cache(cfg, prompts, gen)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+            second = new_cache(cfg, prompts, gen)
+        assert not _compiles(caplog), _compiles(caplog)
+        rows, slots = len(LENGTHS) * 3, cache_length(tokens.shape[1], 5)
+        for cache in (first, second):
+            assert len(cache.k) == len(cache.v) == cfg.num_layers
+            for x in (*cache.k, *cache.v):
+                assert x.shape == (rows, cfg.num_kv_heads, slots, cfg.head_dim)
+                assert x.dtype == cfg.jnp_dtype and not np.asarray(x).any()
+                assert x.sharding.is_equivalent_to(prompts.sharding, x.ndim)
+            assert cache.mask.shape == (rows, slots) and not np.asarray(cache.mask).any()
+            assert int(cache.index) == 0
+        if isinstance(prompts.sharding, NamedSharding):
+            assert first.k[0].sharding.spec == PartitionSpec(BATCH_AXES, None)
+            assert first.mask.sharding.spec == PartitionSpec(BATCH_AXES)
+
+
+def test_sampler_after_clear_compiles_nothing(tiny, caplog):
+    """An RL step of the static engine: generate, free the cache for the update
+    (`clear`), generate again with the same shapes: no XLA compilation at all."""
+    cfg, graphdef, state, _ = tiny
+    sampler = Sampler(graphdef, cfg, GenerateConfig(num_samples=2, max_new_tokens=6))
+    tokens, mask = _prompts(cfg.vocab_size)
+    sampler.generate(state, tokens, mask, seed=0)  # warm-up (compiled already by the test above)
+    sampler.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        sampler.generate(state, tokens, mask, seed=1)
+    assert not _compiles(caplog), _compiles(caplog)

@@ -1,17 +1,23 @@
 """The jitted RL update on a hand-made batch: empty mini-batches leave the state untouched,
-step metrics equal direct computations (micro-batches, iterations, amplified tokens), and
-truncated importance sampling in the step."""
+step metrics equal direct computations (micro-batches, iterations, amplified tokens),
+truncated importance sampling in the step, and the proximal log-probs of partial rollouts
+recomputed under the step's weights."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
+from da3po_jax.config import resolve_settings
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.rl import (
     ADVANTAGE_ESTIMATORS,
@@ -24,9 +30,13 @@ from da3po_jax.rl import (
     grpo_advantages,
 )
 from da3po_jax.rollout.batch import GroupBatch
-from da3po_jax.update import UpdateConfig, rl_update
+from da3po_jax.run.build import update_config
+from da3po_jax.update import PolicyUpdate, UpdateConfig, rl_update
 from da3po_jax.update.forwards import response_logprobs
-from da3po_jax.update.state import init_train_state, optimizer_updates
+from da3po_jax.update.state import init_train_state, make_optimizer, optimizer_updates
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train_smoke import micro_config  # noqa: E402
 
 N, G, TP, TN, V = 2, 4, 5, 6, 64
 # group 0: 1 of 4 correct (hard: mu = 0.25 < tau = 0.5); group 1: 2 of 4 (not hard)
@@ -211,3 +221,90 @@ def test_a_new_advantage_estimator_is_one_function_and_one_registration():
     assert not all(np.array_equal(x, y) for x, y in zip(leaves(rloo), leaves(before)))
     with pytest.raises(ValueError, match="scaled-centred"):  # unregistered: refused by name
         AdvantageConfig(estimator=name)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _scaled(state: nnx.State, factor: float) -> nnx.State:
+    """Every parameter times `factor` (one jitted call, not one per parameter)."""
+    return jax.tree.map(lambda x: factor * x, state)
+
+
+def _sharp_model(seed: int):
+    """(graphdef, params, model) of the tiny model with every parameter scaled by 3: the
+    default init's near-uniform logits made peaked, so two seeds' log-probs of the same
+    tokens differ visibly."""
+    graphdef, state = nnx.split(init_model(get_preset("tiny-qwen2", vocab_size=V), seed=seed))
+    state = _scaled(state, 3.0)
+    return graphdef, state, nnx.merge(graphdef, state)
+
+
+def test_partial_rollouts_step_uses_log_probs_recomputed_under_its_weights():
+    """The update step of a partial-rollouts run (`rollout.max_staleness = 1`, its config
+    as the run builds it, packing included) on a group batch whose rows were sampled
+    partly by an older version A and partly by the step's weights B (`version` 0 then 1,
+    each token's behaviour log-prob under the weights that sampled it, as the engine
+    records them). The decoupled objective takes the ratio against the proximal policy,
+    the step's weights: its old log-probs are B's, recomputed, so before the first update
+    every ratio is 1, and A enters only through the TIS weight w = min(pi_B / pi_A, C) of
+    the version-0 tokens: the loss is -sum(m w adv) / sum(m). Had the step kept the
+    behaviour log-probs as its old ones, the ratios would be pi_B / pi_A on those tokens
+    and the TIS weights 1 (behaviour and sampling log-probs are equal at temperature 1)."""
+    s = resolve_settings(
+        micro_config(
+            "da3po",
+            **{
+                "rollout.engine": "continuous",
+                "rollout.max_staleness": 1,
+                "rl.mini_batch_prompts": N,  # one optimizer update: ratios read before it
+            },
+        )
+    )
+    cfg = update_config(s)
+    assert cfg.pack is not None and cfg.mini_batch_prompts == N and cfg.group_size == G
+    graphdef, a, _ = _sharp_model(seed=1)
+    _, b, model = _sharp_model(seed=0)  # the step's weights (version 1)
+    # two of four correct in each group: no hard group, so the advantages are GRPO's,
+    # (c - 1/2) / std (ddof 1) = +-sqrt(3) / 2, and DAA leaves them as they are
+    correct = jnp.asarray([[1, 1, 0, 0], [0, 1, 0, 1]], jnp.float32)
+    batch = _batch().replace(rewards=correct, correct=correct)
+    rows = lambda x: x.reshape(N * G, *x.shape[2:])  # noqa: E731
+    inputs = (
+        jnp.repeat(batch.prompt_tokens, G, 0),
+        jnp.repeat(batch.prompt_mask, G, 0),
+        rows(batch.tokens),
+        rows(batch.response_mask),
+    )
+    forward = jax.jit(response_logprobs, static_argnums=0)
+    logp_a, logp_b = (
+        np.asarray(forward(graphdef, p, *inputs)[0]).reshape(N, G, TN) for p in (a, b)
+    )
+    # each row switches from A to B at its own token index (0: admitted under B)
+    switch = np.random.default_rng(1).integers(0, TN + 1, (N, G))
+    version = (np.arange(TN)[None, None] >= switch[..., None]).astype(np.int32)
+    behaviour = np.where(version == 0, logp_a, logp_b).astype(np.float32)
+    batch = batch.replace(
+        logp_old=jnp.asarray(behaviour),
+        logp_sample=jnp.asarray(behaviour),
+        version=jnp.asarray(version),
+    )
+    m = np.asarray(batch.response_mask)
+    assert (m & (version == 0)).any() and (m & (version == 1)).any()
+
+    tx, schedule = make_optimizer(s.optim, s.train.steps, s.updates_per_step)
+    graphdef, state = init_train_state(model, tx, 0)
+    update = PolicyUpdate(graphdef, tx, schedule, cfg)
+    _, met = update(state, batch, jnp.ones(N, bool), None)
+    met = {k: float(v) for k, v in met.items()}
+
+    w = np.minimum(np.exp(logp_b - behaviour), cfg.loss.tis_cap)
+    adv = (np.asarray(correct) - 0.5)[..., None] * np.sqrt(3.0)  # (c - 1/2) / sqrt(1/3)
+    assert met["daa/frac_hard"] == 0.0
+    assert met["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert met["loss/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    np.testing.assert_allclose(met["loss/tis_weight_mean"], w[m].mean(), rtol=1e-5)
+    np.testing.assert_allclose(met["loss/pg"], -(w * adv)[m].sum() / m.sum(), rtol=1e-5)
+    # on A's tokens behaviour and proximal log-probs differ visibly: keeping the behaviour
+    # log-probs as the old ones gives other ratios (pi_B / pi_A, not 1) and weights (1)
+    old = m & (version == 0)
+    assert np.abs(np.exp(logp_b - behaviour) - 1)[old].mean() > 0.3
+    assert np.abs(w - 1)[old].mean() > 0.3
