@@ -105,17 +105,21 @@ def eval_config(config, source: Source, dtype: str = "", group_by: str | None = 
 
 def _check_out(out: str, source: Source, overwrite: bool) -> None:
     """`saved_run.check_out`'s refusals, as this command's error."""
-    from da3po_jax.run.saved_run import ExportError, check_out
+    from da3po_jax.run.saved_run import SavedRunError, check_out
 
     try:
-        check_out(out, source.workdir or source.folder, overwrite)
-    except ExportError as e:
+        check_out(out, source.workdir or source.folder, overwrite, own=default_out(source))
+    except SavedRunError as e:
         raise EvalError(str(e)) from None
 
 
 def default_out(source: Source, step: int | None = None) -> str:
+    """Where the report goes by default: `FOLDER/eval`, `WORKDIR/eval/step_N` (without
+    `step`, the folder of every step's report: the one place in a run eval may write)."""
     if source.folder:
         return os.path.join(source.folder, "eval")
+    if step is None:
+        return os.path.join(source.workdir, "eval")
     return os.path.join(source.workdir, "eval", f"step_{step}")
 
 
@@ -149,8 +153,9 @@ def run_eval(
     from da3po_jax.parallel import is_main_process, make_mesh
     from da3po_jax.run.evaluation import check_group_by, sample_records, summarize
     from da3po_jax.run.inputs import load_datasets
+    from da3po_jax.run.saved_run import flag_path
 
-    source = resolve_checkpoint(_step_shorthand(checkpoint))
+    source = resolve_checkpoint(_step_shorthand(flag_path("checkpoint", checkpoint)))
     s = eval_config(config, source, dtype, group_by)
     data = load_datasets(s.data, s.seed)
     problems = data.heldout[: s.eval.max_prompts or None]

@@ -46,18 +46,19 @@ def export_checkpoint(
     anything is written.
 
     Raises:
-      ExportError: a refusal, named.
+      SavedRunError: a refusal, named.
       CheckpointError: the step's files are damaged (its digest check failed).
     """
     from da3po_jax.run.inputs import tokenizer_dir
     from da3po_jax.run.saved_run import (
         check_out,
         export_policy,
+        flag_path,
         read_run_config,
         restore_policy,
     )
 
-    workdir, out = os.path.abspath(workdir), os.path.abspath(out)
+    workdir, out = flag_path("workdir", workdir), flag_path("out", out)
     settings = read_run_config(workdir)
     check_out(out, workdir, overwrite)
     step, model = restore_policy(settings, workdir, step)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 from absl import app, flags
@@ -86,24 +87,42 @@ def _exit(code: int) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, except that an override of a config field that does not exist
-    (which ml_collections reports as a bare `AttributeError: "'name'"`) is named."""
+    """absl's flag parsing, except that a config file that cannot be loaded and an override
+    of a config field that does not exist (which ml_collections reports as a bare
+    `AttributeError` / `KeyError`) end with one line naming the file or the field."""
+    files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    if files and not os.path.isfile(files[-1].split(":", 1)[0]):
+        print(f"da3po_jax: error: --config={files[-1]}: no such config file", file=sys.stderr)
+        sys.exit(1)
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
         print(f"FATAL Flags parsing error: {e} (see --helpshort)", file=sys.stderr)
         sys.exit(1)
     except (AttributeError, KeyError) as e:
-        key = str(e).strip("\"'")
-        overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
-        named = [a for a in overrides if key in a.removeprefix("--config.").split(".")]
-        where = named[0] if named else ", ".join(overrides) or "a --config override"
-        print(
-            f"da3po_jax: error: {where} names no config field ({key!r} does not exist; "
-            "overrides must name fields of the config file)",
-            file=sys.stderr,
-        )
+        print(f"da3po_jax: error: {config_error(argv, e)}", file=sys.stderr)
         sys.exit(1)
+
+
+def config_error(argv: list[str], e: BaseException) -> str:
+    """What went wrong loading `--config` and its overrides: the one override naming a
+    missing field (with ml_collections' closest match), else the config file itself."""
+    text = str(e.args[0]) if e.args else str(e)
+    words = re.findall(r"[\w-]+", text.split("Did you mean")[0])
+    overrides = [a.split("=", 1)[0].removeprefix("--") for a in argv if a.startswith("--config.")]
+    for key in words:
+        for override in overrides:
+            parts = override.split(".")
+            if key in parts[1:]:
+                parent = ".".join(parts[: parts.index(key, 1)])
+                close = re.search(r'Did you mean "([^"]+)"', text)
+                hint = f" (did you mean {close.group(1)!r}?)" if close else ""
+                return f"--{override}: {parent} has no field {key!r}{hint}"
+    files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    where = f"--config={files[-1]}" if files else "--config"
+    if "get_config" in text:
+        return f"{where} defines no get_config() (a config file returns its ConfigDict from it)"
+    return f"{where} could not be loaded: {type(e).__name__}: {' '.join(text.split())}"
 
 
 if __name__ == "__main__":

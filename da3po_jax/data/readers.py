@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -381,9 +382,36 @@ def read_jsonl(
       EmptyDatasetError: no usable row.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"dataset file {path!r} does not exist")
+    check_regular_file(path)
     return collect_rows(_jsonl_rows(path), fields or FieldSpec(), path, max_reported)
+
+
+def check_regular_file(path: str) -> None:
+    """A dataset file must exist and be a regular file (a FIFO or a device would block the
+    read or stream forever; a folder is `load_problems`' to expand).
+
+    Raises:
+      FileNotFoundError: no such path.
+      ValueError: the path is not a regular file (its kind named).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"dataset file {path!r} does not exist")
+    if not os.path.isfile(path):
+        mode = os.stat(path).st_mode
+        kind = next(
+            (name for test, name in _KINDS if test(mode)),
+            "not a regular file",
+        )
+        raise ValueError(f"dataset file {path!r} is {kind}, not a regular file")
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def _import_pyarrow_parquet():
@@ -446,6 +474,5 @@ def read_parquet(
     """
     path = os.fspath(path)
     _import_pyarrow_parquet()  # fail on the missing package before touching the file
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"dataset file {path!r} does not exist")
+    check_regular_file(path)
     return collect_rows(_parquet_rows(path, batch_size), fields or FieldSpec(), path, max_reported)

@@ -205,21 +205,12 @@ class ContinuousEngine:
         """Response tokens sampled so far (`RolloutEngine`): those of every group the
         decoder finished (returned, being scored or abandoned since) and those the rows in
         flight have sampled up to now, less those a restored snapshot's rows came with."""
-        return self._tokens_done + self._tokens_live()
-
-    def _tokens_live(self) -> int:
-        """Tokens sampled by the groups with rows in flight: their finished rows' lengths
-        and each running row's position (the tokens it has, the prefill's first one
-        included; the decoder's host copy, current after every decode call). Prompts
-        queued and not started have sampled none."""
-        d = self.decoder
-        finished = sum(int(gr.lengths.sum()) for gr in d.live_groups())
-        return finished + sum(int(d._steps[s]) for s in d._owner)
+        return self._tokens_done + self.decoder.tokens_in_flight()
 
     def abandon(self) -> None:
         """Frees the slots and abandons whatever is in flight (its tokens stay counted in
         `tokens_generated`: they were sampled)."""
-        self._tokens_done += self._tokens_live()
+        self._tokens_done += self.decoder.tokens_in_flight()
         for f, _ in self._scoring:
             f.cancel()
         futures.wait([f for f, _ in self._scoring])  # the scorer is free before anyone reuses it
@@ -256,7 +247,7 @@ class ContinuousEngine:
         self.abandon()
         self.decoder.restore(arrays, meta, _problem)
         # the rows' tokens up to the checkpoint were counted by the run that saved it
-        self._tokens_done -= self._tokens_live()
+        self._tokens_done -= self.decoder.tokens_in_flight()
         flat = unstack_groups(arrays.get("scoring"), meta["scoring"], _problem)
         for size in meta["scoring_sizes"]:
             groups, flat = flat[:size], flat[size:]

@@ -43,11 +43,13 @@ def open_context(
     tokenizer: Tokenizer,
     data: Datasets,
     mesh: Mesh | None = None,
+    encoder: PromptEncoder | None = None,
 ) -> Iterator[RunContext]:
     """The run's context: prompts rendered with the run's template and tokenised into its
-    buckets, and the reward worker pool (closed on exit). Inside it, on TPU, traces see the
-    mesh, so the Pallas kernels run per shard (`parallel.mesh.kernel_mesh`)."""
-    encoder = PromptEncoder(
+    buckets (by `encoder` when the caller already made it), and the reward worker pool
+    (closed on exit). Inside it, on TPU, traces see the mesh, so the Pallas kernels run per
+    shard (`parallel.mesh.kernel_mesh`)."""
+    encoder = encoder or PromptEncoder(
         tokenizer, prompt_renderer(settings, tokenizer), settings.rollout.buckets
     )
     scorer = RewardScorer(**scorer_kwargs(settings.reward))

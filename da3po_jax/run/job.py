@@ -22,6 +22,7 @@ from flax import nnx
 
 from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.parallel import is_main_process, make_mesh
+from da3po_jax.rollout import PromptEncoder
 from da3po_jax.run.build import build_trainer, eval_engine, heldout_problems
 from da3po_jax.run.context import RunContext, open_context
 from da3po_jax.run.evaluation import evaluate
@@ -29,14 +30,16 @@ from da3po_jax.run.inputs import (
     generate_configs,
     load_datasets,
     policy_model,
+    prompt_renderer,
     tokenizer_dir,
     tokenizer_for,
 )
 from da3po_jax.run.loop import RLTrainer
 from da3po_jax.run.saved_run import export_policy
 from da3po_jax.run.teacher import build_teacher, load_teacher
+from da3po_jax.run.validate import usable_prompts, validate_run, workdir_path
 from da3po_jax.run.warm_start import sft_warm_start
-from da3po_jax.run.workdir import PendingLogs, check_teacher_files, check_workdir, sft_dir
+from da3po_jax.run.workdir import PendingLogs, locked_workdir, sft_dir
 from da3po_jax.runtime.curves import plot_curves
 from da3po_jax.runtime.metrics_file import read_metrics
 from da3po_jax.runtime.signals import stop_on_signals
@@ -48,9 +51,11 @@ def train(config, workdir: str) -> dict[str, Any]:
     """Runs the configured stage in `workdir` (created; resumed when it holds a checkpoint).
 
     Every check that can refuse the run (config fields, the workdir's layout and
-    checkpoints, data files, tokenizer and model files) runs before anything is written
-    into `workdir`: a refused run leaves it as it was. On SIGTERM / SIGINT the RL loop
-    saves a checkpoint after the step in progress and `Preempted` is raised.
+    checkpoints, data files, devices, tokenizer, teacher and model files: the order is in
+    `run/validate.py`) runs before anything is written into `workdir`: a refused run leaves
+    it as it was. Process 0 then holds the workdir's lock (`run.lock`) until the run ends:
+    a second run on the same workdir is refused, naming the holder. On SIGTERM / SIGINT
+    the RL loop saves a checkpoint after the step in progress and `Preempted` is raised.
 
     Args:
       config: an ml_collections config of `configs/base.py`'s form (resolved here).
@@ -59,32 +64,36 @@ def train(config, workdir: str) -> dict[str, Any]:
       A summary: held-out accuracy before and after (by tier) and the workdir's files.
     """
     s = resolve_settings(config)
-    workdir = os.path.abspath(workdir)
+    workdir = workdir_path(workdir)
     pending = PendingLogs()
     staging = tempfile.mkdtemp(prefix="da3po-staging-")
     try:
-        check_workdir(s, workdir)
         mesh = make_mesh(s.mesh.shape)
         log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
         tokenizer = tokenizer_for(s, workdir, staging)
-        data = load_datasets(s.data, s.seed)
+        encoder = PromptEncoder(tokenizer, prompt_renderer(s, tokenizer), s.rollout.buckets)
+        data = usable_prompts(s, load_datasets(s.data, s.seed), encoder)
         log.info(
             "data: %d train, %d held-out, %d sft problems",
             len(data.train),
             len(data.heldout),
             len(data.sft),
         )
+        validate_run(s, workdir, mesh, tokenizer, data, encoder.render)
         model = None if s.stage == "sft" else _load_policy(s, workdir, tokenizer, mesh)
-        check_teacher_files(s)
         accept = lambda: pending.accept(s, workdir, staging)  # noqa: E731
         resuming = s.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
-        if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
-            accept()  # else once the checkpoint is restored: a damaged one may still refuse
-        with open_context(s, workdir, tokenizer, data, mesh) as ctx, stop_on_signals() as stop:
-            ctx = ctx.replace(stop=stop)
-            if s.stage == "sft":
-                return _sft_stage(ctx)
-            return _rl_stage(ctx, model, accept)
+        with locked_workdir(workdir):
+            if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
+                accept()  # else once the checkpoint is restored: a damaged one may refuse
+            with (
+                open_context(s, workdir, tokenizer, data, mesh, encoder) as ctx,
+                stop_on_signals() as stop,
+            ):
+                ctx = ctx.replace(stop=stop)
+                if s.stage == "sft":
+                    return _sft_stage(ctx)
+                return _rl_stage(ctx, model, accept)
     finally:
         pending.close()
         shutil.rmtree(staging, ignore_errors=True)

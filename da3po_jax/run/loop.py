@@ -217,37 +217,59 @@ def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, co
             tree["engine"] = engine.snapshot_shapes(host["engine"])
         return tree
 
-    found = checkpointer.restore_latest(
-        like, lambda host: check_compatible(host.get("config", {}), fp, path)
-    )
+    def check_host(host: dict) -> None:
+        check_compatible(host.get("config", {}), fp, path)
+        check_same_data(host.get("data"), collector.iterator, path)
+
+    found = checkpointer.restore_latest(like, check_host)
     if found is None:
         return None
     step, tree, host = found
     if "engine" in host:
         engine.restore(tree["engine"], host["engine"])
-    try:
-        collector.iterator.restore(host["data"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint in {path!r}: data position unusable ({e}). "
-            "Nothing was changed; use another --workdir."
-        ) from e
+    check_same_data(host.get("data"), collector.iterator, path)
     log.info("resumed from %s at step %d", path, step)
     pending, tokens = bool(host.get("eval_pending", False)), int(host.get("tokens_generated", 0))
     return step, tree["train"], tree["carry"], pending, tokens
+
+
+def check_same_data(saved: dict | None, iterator, path: str) -> None:
+    """Restores a checkpoint's data position (`saved`) into `iterator`, refusing one made
+    for other training prompts (other ids or order, another seed: `data.*` or
+    `rollout.prompt_buckets` changed) as a configuration change, not as damage.
+
+    Raises:
+      CheckpointError: the position does not belong to these prompts (nothing changed).
+    """
+    try:
+        iterator.restore(saved if saved is not None else {})
+    except ValueError as e:
+        raise CheckpointError(
+            f"checkpoint in {path!r} was written for other training data (now "
+            f"{iterator.epoch_length} prompts per epoch; {e}). Nothing was changed; resume "
+            "with the run's data and settings or use another --workdir."
+        ) from e
 
 
 class TokenBudget:
     """The response tokens generated so far (every sample of every generation round,
     groups that dynamic sampling drops included) against `train.token_budget` (0 = no
     budget): the run stops after the step that reaches it, so runs of different
-    algorithms can be compared at equal generation."""
+    algorithms can be compared at equal generation.
+
+    A step adds what the engine sampled during it (the collector's `_gen_tokens`, see
+    `rollout/protocol.py: tokens_generated`), not the lengths of the groups it returned:
+    with partial rollouts the rows still in flight when the run stops have generated
+    tokens no batch ever returns, and a group carried across steps is counted as its
+    tokens are sampled. The total is saved in the checkpoint (`tokens_generated`) and a
+    restored engine does not count again what its rows in flight had sampled, so a
+    resumed run counts every token once."""
 
     def __init__(self, budget: int):
         self.budget, self.total = budget, 0
 
     def add(self, generated: float) -> dict[str, float]:
-        """Counts one step's generated tokens; returns its metrics."""
+        """Counts the tokens generated during one step; returns its metrics."""
         self.total += int(generated)
         return {"tokens/generated": float(generated), "tokens/generated_total": float(self.total)}
 

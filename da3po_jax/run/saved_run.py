@@ -23,55 +23,96 @@ from da3po_jax.parallel import is_main_process, make_mesh, to_host, tree_shardin
 from da3po_jax.run.inputs import policy_config, tokenizer_dir
 from da3po_jax.run.loop import NonFiniteTraining
 from da3po_jax.runtime.checkpoint import Checkpointer, tree_digest
+from da3po_jax.runtime.workdir_lock import LOCK_NAME
 
 log = logging.getLogger(__name__)
 
 
-class ExportError(ValueError):
-    """The export cannot run as asked; nothing was written."""
+class SavedRunError(ValueError):
+    """A run's folder cannot be read, or an output written, as a command asked (export,
+    eval); nothing was written."""
+
+
+def flag_path(flag: str, value: str | None) -> str:
+    """`value` as an absolute path; an empty one (`--workdir=`) is refused rather than
+    taken as the current folder."""
+    if not value or not str(value).strip():
+        raise SavedRunError(f"--{flag} is empty: name a folder")
+    return os.path.abspath(value)
 
 
 def read_run_config(workdir: str) -> Settings:
     """The settings a run wrote to `<workdir>/config.json` (what `train` resolved), so the
     export builds the same architecture and finds the same tokenizer as the run did."""
     if not os.path.isdir(workdir):
-        raise ExportError(f"--workdir {workdir!r} does not exist or is not a folder")
+        raise SavedRunError(f"--workdir {workdir!r} does not exist or is not a folder")
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
-        raise ExportError(f"{path!r} not found: --workdir must be a training run's folder")
+        raise SavedRunError(f"{path!r} not found: --workdir must be a training run's folder")
     try:
         with open(path) as f:
             raw = json.load(f)
     except json.JSONDecodeError as e:
-        raise ExportError(f"{path!r} is not valid JSON ({e})") from e
+        raise SavedRunError(f"{path!r} is not valid JSON ({e})") from e
     try:
         return resolve_settings(with_added_fields(raw))
     except (ValueError, TypeError) as e:
-        raise ExportError(f"{path!r}: {e}") from e
+        raise SavedRunError(f"{path!r}: {e}") from e
 
 
-def check_out(out: str, workdir: str, overwrite: bool) -> None:
-    """Refuses an `--out` the export must not replace: a non-empty folder without
-    `overwrite`, a file, or the run's own folder (or one holding it)."""
+def check_out(out: str, workdir: str, overwrite: bool, own: str = "") -> None:
+    """Refuses an `--out` the command must not write: a non-empty folder without
+    `overwrite`, a file, the folder being read (or one holding it), or a path inside any
+    training run's folder, which only the run itself writes (except `own`, the command's
+    own output folder there, e.g. eval's `WORKDIR/eval`)."""
+    out = os.path.realpath(out)
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ExportError(f"--out {out!r} exists and is not a folder (nothing was changed)")
-    if workdir == out or workdir.startswith(out.rstrip(os.sep) + os.sep):
-        raise ExportError(f"--out {out!r} holds the run being exported (nothing was changed)")
+        raise SavedRunError(f"--out {out!r} exists and is not a folder (nothing was changed)")
+    workdir = os.path.realpath(workdir)
+    if _inside(workdir, out):
+        raise SavedRunError(f"--out {out!r} holds the run being read (nothing was changed)")
+    run = enclosing_run(out)
+    if run is not None and not (own and _inside(out, os.path.realpath(own))):
+        raise SavedRunError(
+            f"--out {out!r} is inside the training run {run!r}, whose files only the run "
+            "writes: choose a folder outside it (nothing was changed)"
+        )
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ExportError(
+        raise SavedRunError(
             f"--out {out!r} exists and is not empty; pass --overwrite to replace it "
             "(nothing was changed)"
         )
 
 
+def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or lies under it (both absolute, normalised)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def enclosing_run(path: str) -> str | None:
+    """The training run's folder that is `path` or holds it (a folder with config.json
+    and checkpoints/, metrics.jsonl or run.lock), else None."""
+    path = os.path.realpath(path)
+    while True:
+        if os.path.isfile(os.path.join(path, "config.json")) and any(
+            os.path.exists(os.path.join(path, n))
+            for n in ("checkpoints", "metrics.jsonl", LOCK_NAME)
+        ):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
 def pick_step(steps: list[int], step: int | None, directory: str) -> int:
     """`step` if the run kept it, else the newest when `step` is None."""
     if not steps:
-        raise ExportError(f"no checkpoints in {directory!r}: the run saved none yet")
+        raise SavedRunError(f"no checkpoints in {directory!r}: the run saved none yet")
     if step is None:
         return steps[-1]
     if step not in steps:
-        raise ExportError(
+        raise SavedRunError(
             f"--step={step} is not in {directory!r}; the steps kept are "
             f"{', '.join(map(str, steps))}"
         )
@@ -89,7 +130,7 @@ def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype
     """
     directory = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(directory):  # checked first: Checkpointer would create it
-        raise ExportError(f"no checkpoints in {workdir!r} (no checkpoints/ folder)")
+        raise SavedRunError(f"no checkpoints in {workdir!r} (no checkpoints/ folder)")
     model_cfg = policy_config(s.model, Tokenizer.load(tokenizer_dir(s, workdir)))
     mesh = mesh if mesh is not None else make_mesh((1, -1, 1))
     checkpointer = Checkpointer(workdir, s.train.keep_checkpoints)

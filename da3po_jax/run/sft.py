@@ -136,7 +136,11 @@ def run_sft(
             if on_step is not None:
                 on_step(i + 1, scalars)
         if stop is not None:
-            stop.check(f"the SFT warm start is not checkpointed (stopped at step {i + 1})")
+            stop.check(
+                f"nothing was saved: the SFT warm start is not checkpointed (stopped at "
+                f"step {i + 1} of {steps}; rerun the same command to start it again)",
+                saved=False,
+            )
         if check is not None and check_every and (i + 1) % check_every == 0 and i + 1 < steps:
             if check(state, i + 1):
                 break

@@ -29,8 +29,10 @@ def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs")
     steps) where the policy's accuracy at the rollout temperature on `sft.check_prompts`
     RL-training prompts reaches it: RL then starts in the regime where it can learn.
 
-    The warm start is not checkpointed: on SIGTERM / SIGINT it stops after the current
-    step and raises `Preempted` (nothing is exported; a rerun starts it again).
+    The warm start is not checkpointed (on the demo it takes a few minutes, and a real
+    model starts from `model.path`): on SIGTERM / SIGINT it stops after the current step
+    and raises `Preempted(saved=False)`, so the command exits non-zero (143 / 130) with a
+    line saying nothing was saved; a rerun starts it again.
     """
     s = ctx.settings
     arrays = build_sft_arrays(ctx.data.sft, ctx.tokenizer, ctx.encoder.render, s.sft.max_len)

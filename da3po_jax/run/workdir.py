@@ -1,5 +1,5 @@
-"""The workdir of a training run: refused before anything is written when the run cannot
-use it, and written only once the run is accepted.
+"""The workdir of a training run, written only once the run is accepted (the checks that
+can refuse it come first: `run/validate.py`).
 
 `PendingLogs` holds the run's log records in memory until `accept`, which creates the
 workdir, moves the tiny tokenizer in, writes config.json (atomically) and starts the log
@@ -8,18 +8,20 @@ file with the records so far: nothing is written into a workdir whose run is the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import logging.handlers
 import os
+from collections.abc import Iterator
 
 import jax
+import numpy as np
 
 from da3po_jax.config import Settings
-from da3po_jax.parallel import is_main_process
+from da3po_jax.parallel import is_main_process, sum_over_hosts
 from da3po_jax.run.inputs import install_tokenizer
-from da3po_jax.runtime.checkpoint import Checkpointer, check_compatible, check_directory
-from da3po_jax.runtime.metrics_file import read_metrics
+from da3po_jax.runtime.workdir_lock import WorkdirBusy, WorkdirLock
 
 
 class PendingLogs(logging.handlers.MemoryHandler):
@@ -70,36 +72,30 @@ class PendingLogs(logging.handlers.MemoryHandler):
         super().close()
 
 
-def check_workdir(s: Settings, workdir: str) -> None:
-    """Refuses a workdir the run cannot use, before anything is written: a file where a
-    folder must be, or checkpoints written by an incompatible configuration."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise NotADirectoryError(f"--workdir {workdir!r} exists and is not a folder")
-    check_directory(os.path.join(workdir, "checkpoints"), "checkpoints")
-    for name in ("metrics.jsonl", "config.json", "summary.json"):
-        if os.path.isdir(os.path.join(workdir, name)):
-            raise IsADirectoryError(f"{os.path.join(workdir, name)!r} is a folder, not a file")
-    if s.stage == "sft" or not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        return
-    checkpointer = Checkpointer(workdir, s.train.keep_checkpoints)
+@contextlib.contextmanager
+def locked_workdir(workdir: str) -> Iterator[None]:
+    """Holds the workdir's lock (`runtime/workdir_lock.py`) for the block: process 0 takes
+    it and every process learns the verdict, so a refused multi-host run stops on every
+    host at once.
+
+    Raises:
+      WorkdirBusy: another run holds the workdir (nothing was written).
+    """
+    lock, busy = WorkdirLock(workdir), None
+    if is_main_process():
+        try:
+            lock.acquire()
+        except WorkdirBusy as e:
+            busy = e
+    refused = int(sum_over_hosts(np.array([busy is not None], np.int32))[0])
+    if busy is not None:
+        raise busy
+    if refused:
+        raise WorkdirBusy(f"--workdir {workdir!r} is in use by another run (see process 0's log)")
     try:
-        newest = checkpointer.newest_host()
+        yield
     finally:
-        checkpointer.close()
-    if newest is not None:
-        check_compatible(newest[1].get("config", {}), s.fingerprint(), checkpointer.directory)
-    read_metrics(os.path.join(workdir, "metrics.jsonl"))  # a malformed row is named now
-
-
-def check_teacher_files(s: Settings) -> None:
-    """A teacher folder that exists must hold a model (one to be built may be absent)."""
-    t = s.teacher
-    if not s.distillation or not t.path or not os.path.exists(t.path):
-        return
-    if not os.path.isfile(os.path.join(t.path, "config.json")) and not t.sft_steps:
-        raise FileNotFoundError(
-            f"teacher folder {t.path!r} has no config.json (config.teacher.path)"
-        )
+        lock.release()
 
 
 def sft_dir(s: Settings, workdir: str) -> str:

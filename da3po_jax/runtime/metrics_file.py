@@ -20,18 +20,18 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
     dropped with a warning; a malformed row elsewhere is an error naming file and line."""
     if not os.path.isfile(path):
         return []
-    with open(path) as f:
-        lines = f.read().split("\n")
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     rows = []
     for j, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8"))  # UnicodeDecodeError is a ValueError
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                 raise ValueError("not a metrics row (an object with an integer 'step')")
         except ValueError as e:
             if j == len(numbered) - 1:  # the row being written when the run was killed
-                log.warning("%s: dropping a torn last line %d (%s)", path, lineno, line[:80])
+                log.warning("%s: dropping a torn last line %d (%r)", path, lineno, line[:80])
                 break
             raise MetricsFileError(
                 f"{path}: line {lineno} is not a metrics row ({e}); fix or remove that line"

@@ -3,7 +3,10 @@
 The first signal only sets a flag: the trainer finishes the step in progress, saves a
 checkpoint and raises `Preempted`, which `python -m da3po_jax.main` turns into exit status
 0 (SIGTERM: the scheduler asked, the run stopped cleanly and resumes exactly) or 130
-(SIGINT, the shell's convention for Ctrl-C). A second signal stops at once.
+(SIGINT, the shell's convention for Ctrl-C). A stage that keeps nothing (the SFT warm
+start is not checkpointed) raises `Preempted(..., saved=False)`: exit status 143 (128 +
+SIGTERM, what a supervisor sees of a job killed by the signal) or 130, and its line says
+that nothing was saved. A second signal stops at once.
 
 `run_reporting_errors` is the command line's last word: the exit status for how a run
 stopped, and one last stderr line that names the reason.
@@ -25,11 +28,15 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):
-    """The run stopped on a signal after saving what it had (see `exit_code`)."""
+    """The run stopped on a signal, after saving what it had when `saved` (see `exit_code`:
+    0 only for a SIGTERM after which the same command resumes from what was saved)."""
 
-    def __init__(self, signum: int, detail: str):
-        self.signum = signum
-        self.exit_code = 130 if signum == signal.SIGINT else 0
+    def __init__(self, signum: int, detail: str, saved: bool = True):
+        self.signum, self.saved = signum, saved
+        if signum == signal.SIGINT:
+            self.exit_code = 130
+        else:
+            self.exit_code = 0 if saved else 128 + int(signum)
         super().__init__(f"stopped on {signal.Signals(signum).name}: {detail}")
 
 
@@ -44,10 +51,10 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signum is not None
 
-    def check(self, detail: str) -> None:
-        """Raises `Preempted(detail)` if a signal arrived."""
+    def check(self, detail: str, saved: bool = True) -> None:
+        """Raises `Preempted(detail, saved)` if a signal arrived."""
         if self.signum is not None:
-            raise Preempted(self.signum, detail)
+            raise Preempted(self.signum, detail, saved)
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:  # the second signal: stop now
@@ -91,7 +98,7 @@ def run_reporting_errors(fn) -> int | None:
     try:
         fn()
     except Preempted as e:
-        log.warning("%s; rerun the same command to resume", e)
+        log.warning("%s; rerun the same command to %s", e, "resume" if e.saved else "start again")
         print(f"da3po_jax: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

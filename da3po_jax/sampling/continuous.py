@@ -168,6 +168,13 @@ class SlotDecoder:
         """The groups with rows in flight (each once, in admission order)."""
         return list({id(r.group): r.group for r in self._owner.values()}.values())
 
+    def tokens_in_flight(self) -> int:
+        """Response tokens the groups with rows in flight have sampled so far: their
+        finished rows' lengths and each running row's position (the host copy, current
+        after every decode call); queued prompts have sampled none."""
+        done = sum(int(gr.lengths.sum()) for gr in self.live_groups())
+        return done + sum(int(self._steps[s]) for s in self._owner)
+
     @property
     def nbytes(self) -> int:
         return 0 if self._slots is None else sum(x.nbytes for x in jax.tree.leaves(self._slots))

@@ -188,7 +188,7 @@ def test_overwrite_replaces_a_non_empty_out(run, tmp_path, capsys):
     code, _, last = run_main(capsys, workdir=run.workdir, out=str(out))
     assert code == 1
     assert last == (
-        f"da3po_jax: error: ExportError: --out {str(out)!r} exists and is not empty; "
+        f"da3po_jax: error: SavedRunError: --out {str(out)!r} exists and is not empty; "
         "pass --overwrite to replace it (nothing was changed)"
     )
     assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
@@ -230,7 +230,7 @@ def test_missing_workdir_or_config_is_refused(tmp_path, capsys):
     code, _, last = run_main(capsys, workdir=missing, out=out)
     assert code == 1
     assert last == (
-        f"da3po_jax: error: ExportError: --workdir {missing!r} does not exist or is not a folder"
+        f"da3po_jax: error: SavedRunError: --workdir {missing!r} does not exist or is not a folder"
     )
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -270,7 +270,7 @@ def test_absent_step_is_refused_with_the_kept_steps(run, tmp_path, capsys):
     assert code == 1
     checkpoints = os.path.join(run.workdir, "checkpoints")
     assert last == (
-        f"da3po_jax: error: ExportError: --step=7 is not in {checkpoints!r}; "
+        f"da3po_jax: error: SavedRunError: --step=7 is not in {checkpoints!r}; "
         "the steps kept are 1, 2"
     )
     assert snapshot(run.workdir) == before and not os.path.exists(out)
@@ -345,7 +345,7 @@ def test_command_line_exit_status_and_messages(run, tmp_path):
     code, _, last = cli(f"--workdir={run.workdir}", f"--out={out}")
     assert code == 1
     assert last == (
-        f"da3po_jax: error: ExportError: --out {out!r} exists and is not empty; "
+        f"da3po_jax: error: SavedRunError: --out {out!r} exists and is not empty; "
         "pass --overwrite to replace it (nothing was changed)"
     )
     assert_same(exported_params(out), run.params[1])  # the refused run left it as it was

@@ -1,4 +1,4 @@
-"""Faults and bad input, in process (the CLI's exit statuses and hangs: test_faults_cli.py).
+"""Faults and bad input, in process (the CLI's exit statuses and hangs: test_faults_matrix.py).
 
 Each case checks what the run does (error text or recovery) and what it leaves in the
 workdir: a refused run changes nothing; a recovered one loses nothing that was saved.
@@ -220,7 +220,7 @@ def test_a_signal_saves_the_step_its_eval_runs_on_resume_and_resume_is_exact(
 ):
     """SIGINT after step 2, whose eval is due: the step is saved with the eval pending, the
     exit status is 130, and the resumed run ends exactly as an uninterrupted one (SIGTERM,
-    exit 0, through a real process: test_faults_cli.py)."""
+    exit 0, through a real process: test_faults_matrix.py)."""
     workdir = str(tmp_path / "run")
     cfg = micro_config(**{"train.steps": 4, "train.checkpoint_every": 3})
     before = signal.getsignal(signal.SIGINT)  # default, or SIG_IGN in a pytest-xdist worker

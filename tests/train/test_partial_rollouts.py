@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_collector import _moments_ema  # noqa: E402
 from test_train_smoke import hash_scorer, micro_config, read_rows  # noqa: E402, F401
 
 from da3po_jax.config import resolve_settings as settings_from  # noqa: E402
@@ -323,16 +324,3 @@ def test_the_collect_stage_counts_every_judged_group_and_sampled_token():
             assert collected.metrics["_gen_tokens"] == counted[version], version
     finally:
         resumed.engine.abandon()
-
-
-def _moments_ema(steps: list[np.ndarray], decay: float) -> tuple[float, float]:
-    """The prior's moment EMA by hand: per step the mean and unbiased variance of the
-    judged groups' accuracies; the first step's taken as they are."""
-    mean = var = None
-    for acc in steps:
-        m, v = float(np.mean(acc)), float(np.var(acc, ddof=1))
-        if mean is None:
-            mean, var = m, v
-        else:
-            mean, var = decay * mean + (1 - decay) * m, decay * var + (1 - decay) * v
-    return mean, var

@@ -1,0 +1,148 @@
+"""Every check that can refuse a training run, in one pass before its first byte is
+written (`validate_run`): the workdir's layout, its checkpoints (configuration and data),
+the devices the settings split work over, and the teacher's files. Settings are checked
+when resolved (`config.resolve_settings`); data, tokenizer and model files when read.
+
+The order of a run's start (`run.job.train`): settings -> the workdir path -> mesh ->
+tokenizer (in a staging folder) -> data, with prompts longer than the largest bucket
+dropped (`usable_prompts`) -> `validate_run` -> policy weights -> the workdir lock ->
+the first write. Only a damaged checkpoint is found later (reading it means building
+the run), and a refusal then still leaves the workdir as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from jax.sharding import Mesh
+
+from da3po_jax.config import Settings
+from da3po_jax.data import MathProblem, PromptIterator
+from da3po_jax.models.tokenizer import Tokenizer
+from da3po_jax.parallel.mesh import batch_size_divisor
+from da3po_jax.rollout import PromptEncoder
+from da3po_jax.run.inputs import Datasets
+from da3po_jax.run.loop import check_same_data
+from da3po_jax.run.teacher import check_same_tokenizer
+from da3po_jax.runtime.checkpoint import Checkpointer, check_compatible, check_directory
+from da3po_jax.runtime.metrics_file import read_metrics
+
+log = logging.getLogger(__name__)
+
+REPORTED = 5  # over-long prompts named one by one, per split
+
+
+def workdir_path(workdir: str) -> str:
+    """The absolute workdir; an empty one (`--workdir=`) is refused rather than taken as
+    the current folder."""
+    if not str(workdir).strip():
+        raise ValueError("--workdir is empty: name the run's folder, e.g. --workdir=/tmp/run")
+    return os.path.abspath(workdir)
+
+
+def usable_prompts(s: Settings, data: Datasets, encoder: PromptEncoder) -> Datasets:
+    """`data` without the training and held-out prompts longer than the largest prompt
+    bucket (`rollout.prompt_buckets`): skipped and counted like malformed rows, the first
+    few named (file and row id). Refused only when a split that had prompts has none left.
+    """
+    limit = max(encoder.buckets)
+    kept = {}
+    for split in ("train", "heldout"):
+        problems: list[MathProblem] = getattr(data, split)
+        fit = [p for p in problems if len(encoder.ids(p)) <= limit]
+        dropped = [p for p in problems if len(encoder.ids(p)) > limit]
+        if dropped:
+            named = ", ".join(
+                f"{p.source or 'synthetic'} row {p.id!r} ({len(encoder.ids(p))} tokens)"
+                for p in dropped[:REPORTED]
+            )
+            log.warning(
+                "%s data: skipped %d of %d prompts longer than the largest prompt bucket, "
+                "%d tokens (rollout.prompt_buckets): %s%s",
+                split,
+                len(dropped),
+                len(problems),
+                limit,
+                named,
+                ", ..." if len(dropped) > REPORTED else "",
+            )
+        if problems and not fit:
+            raise ValueError(
+                f"every one of the {len(problems)} {split} prompts is longer than the largest "
+                f"prompt bucket, {limit} tokens (rollout.prompt_buckets), e.g. "
+                f"{dropped[0].source or 'synthetic'} row {dropped[0].id!r} "
+                f"({len(encoder.ids(dropped[0]))} tokens)"
+            )
+        kept[split] = fit
+    return Datasets(kept["train"], kept["heldout"], data.sft)
+
+
+def validate_run(
+    s: Settings, workdir: str, mesh: Mesh, tokenizer: Tokenizer, data: Datasets, render
+) -> None:
+    """Refuses a run that cannot go on, naming the problem; writes nothing.
+
+    Raises:
+      ValueError / OSError / CheckpointError: the first problem found.
+    """
+    check_workdir(s, workdir, data)
+    check_devices(s, mesh)
+    check_teacher(s, tokenizer, [render(p) for p in data.train[:2]])
+
+
+def check_workdir(s: Settings, workdir: str, data: Datasets | None = None) -> None:
+    """Refuses a workdir the run cannot use: a file where a folder must be, or checkpoints
+    written by an incompatible configuration or for other training data."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise NotADirectoryError(f"--workdir {workdir!r} exists and is not a folder")
+    check_directory(os.path.join(workdir, "checkpoints"), "checkpoints")
+    for name in ("metrics.jsonl", "config.json", "summary.json"):
+        if os.path.isdir(os.path.join(workdir, name)):
+            raise IsADirectoryError(f"{os.path.join(workdir, name)!r} is a folder, not a file")
+    if s.stage == "sft" or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        return
+    checkpointer = Checkpointer(workdir, s.train.keep_checkpoints)
+    try:
+        newest = checkpointer.newest_host()
+    finally:
+        checkpointer.close()
+    if newest is not None:
+        host = newest[1]
+        check_compatible(host.get("config", {}), s.fingerprint(), checkpointer.directory)
+        if data is not None:
+            iterator = PromptIterator(data.train, seed=s.seed)  # as `build_trainer` makes it
+            check_same_data(host.get("data"), iterator, checkpointer.directory)
+    read_metrics(os.path.join(workdir, "metrics.jsonl"))  # a malformed row is named now
+
+
+def check_devices(s: Settings, mesh: Mesh) -> None:
+    """The settings that split work over the mesh's batch devices (data x fsdp)."""
+    devices = batch_size_divisor(mesh)
+    r = s.rollout
+    if r.engine == "continuous" and r.slots % devices:
+        raise ValueError(
+            f"config.rollout.slots={r.slots} must be a multiple of the {devices} devices "
+            f"a batch is split over (mesh {dict(mesh.shape)})"
+        )
+    if s.rl.packing and s.rl.pack_rows % devices:
+        raise ValueError(
+            f"config.rl.pack_rows={s.rl.pack_rows} must be a multiple of the {devices} devices "
+            f"a batch is split over (mesh {dict(mesh.shape)})"
+        )
+
+
+def check_teacher(s: Settings, tokenizer: Tokenizer, probes: list[str]) -> None:
+    """OPD / RA-OPD: `teacher.path` must hold a model with the student's tokenizer, unless
+    the run builds it there (`teacher.sft_steps`, when the folder has no model yet)."""
+    t = s.teacher
+    if not s.distillation or not t.path:
+        return
+    if os.path.isfile(os.path.join(t.path, "config.json")):
+        check_same_tokenizer(tokenizer, t.path, probes)
+    elif not t.sft_steps:
+        what = "holds no config.json" if os.path.isdir(t.path) else "does not exist"
+        raise FileNotFoundError(
+            f"config.teacher.path={t.path!r} {what} (a HF model folder); set "
+            "config.teacher.sft_steps to build a tiny teacher there"
+        )
