@@ -72,7 +72,7 @@ def train(config, workdir: str) -> dict[str, Any]:
         log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
         tokenizer = tokenizer_for(s, workdir, staging)
         encoder = PromptEncoder(tokenizer, prompt_renderer(s, tokenizer), s.rollout.buckets)
-        data = usable_prompts(s, load_datasets(s.data, s.seed), encoder)
+        data = usable_prompts(load_datasets(s.data, s.seed), encoder)
         log.info(
             "data: %d train, %d held-out, %d sft problems",
             len(data.train),

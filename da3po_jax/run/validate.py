@@ -41,7 +41,7 @@ def workdir_path(workdir: str) -> str:
     return os.path.abspath(workdir)
 
 
-def usable_prompts(s: Settings, data: Datasets, encoder: PromptEncoder) -> Datasets:
+def usable_prompts(data: Datasets, encoder: PromptEncoder) -> Datasets:
     """`data` without the training and held-out prompts longer than the largest prompt
     bucket (`rollout.prompt_buckets`): skipped and counted like malformed rows, the first
     few named (file and row id). Refused only when a split that had prompts has none left.

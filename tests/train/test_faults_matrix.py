@@ -728,7 +728,7 @@ def test_over_long_prompts_are_skipped_counted_and_named(finished, tmp_path, cap
     encoder = PromptEncoder(tokenizer, lambda p: p.prompt, s.rollout.buckets)
     assert len(encoder.ids(problems[2])) > max(s.rollout.buckets)
     with caplog.at_level("WARNING", logger="da3po_jax"):
-        data = usable_prompts(s, Datasets(problems, problems[:4], []), encoder)
+        data = usable_prompts(Datasets(problems, problems[:4], []), encoder)
     assert [p.id for p in data.train] == ["mixed.jsonl:0", "mixed.jsonl:1", "mixed.jsonl:4"]
     assert [p.id for p in data.heldout] == ["mixed.jsonl:0", "mixed.jsonl:1"]
     train_line = next(r.message for r in caplog.records if r.message.startswith("train data"))
