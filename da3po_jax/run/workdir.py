@@ -81,17 +81,17 @@ def locked_workdir(workdir: str) -> Iterator[None]:
     Raises:
       WorkdirBusy: another run holds the workdir (nothing was written).
     """
-    lock, busy = WorkdirLock(workdir), None
+    lock, failed = WorkdirLock(workdir), None
     if is_main_process():
         try:
             lock.acquire()
-        except WorkdirBusy as e:
-            busy = e
-    refused = int(sum_over_hosts(np.array([busy is not None], np.int32))[0])
-    if busy is not None:
-        raise busy
+        except Exception as e:  # noqa: BLE001 - every host must hear of it, then it is raised
+            failed = e
+    refused = int(sum_over_hosts(np.array([failed is not None], np.int32))[0])
+    if failed is not None:
+        raise failed
     if refused:
-        raise WorkdirBusy(f"--workdir {workdir!r} is in use by another run (see process 0's log)")
+        raise WorkdirBusy(f"process 0 could not lock --workdir {workdir!r} (see its log)")
     try:
         yield
     finally:
