@@ -35,7 +35,6 @@ import functools
 import json
 import logging
 import math
-import os
 import sys
 from typing import Any
 
@@ -45,12 +44,12 @@ from jax.sharding import AbstractMesh, AxisType
 from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.models.attention import resolve_impl
 from da3po_jax.models.config import ModelConfig
-from da3po_jax.models.presets import abstract_model, get_preset
+from da3po_jax.models.presets import abstract_model
 from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
 from da3po_jax.rl import ds_empty_buffer
 from da3po_jax.rollout import GroupBatch
-from da3po_jax.run.inputs import preset_vocab
+from da3po_jax.run.model_shapes import policy_config, teacher_config
 from da3po_jax.sampling.sampler import cache_length
 from da3po_jax.update.state import make_optimizer
 
@@ -170,26 +169,6 @@ def plan_settings(config: Any) -> Settings:
     """The settings of a recipe to plan: validated as a run's, except that the run's
     inputs (tokenizer folder, training data) need not be named yet."""
     return resolve_settings(config, inputs=False)
-
-
-def model_config(
-    path: str, preset: str, runtime: dict[str, Any], vocab_size: int | None = None
-) -> ModelConfig:
-    """The `ModelConfig` of a model folder or preset, with a run's runtime fields (dtypes,
-    remat, ...). `path` with a config.json wins; otherwise `preset` is used (with a
-    warning when a path was given: planning usually happens before the weights are
-    downloaded)."""
-    if path and os.path.isfile(os.path.join(path, "config.json")):
-        return ModelConfig.from_hf_folder(path, **runtime)
-    if not preset:
-        raise ValueError(
-            f"model.path={path!r} has no config.json here and model.preset is empty: set "
-            "model.preset (e.g. qwen2.5-math-7b) to plan before downloading the weights"
-        )
-    if path:
-        log.warning("model.path=%r has no config.json here; planning with preset %r", path, preset)
-    overrides = dict(runtime, **({"vocab_size": vocab_size} if vocab_size else {}))
-    return get_preset(preset, **overrides)
 
 
 def _div(n: int, by: int) -> int:
@@ -407,33 +386,6 @@ def _resident(r: _Run) -> dict[str, Any]:
         "batch": batch,
         "gathered": gathered,
     }
-
-
-def policy_config(s: Settings) -> ModelConfig:
-    """The policy's `ModelConfig` with the run's runtime fields (see `model_config`)."""
-    return model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
-
-
-def teacher_config(s: Settings, policy: ModelConfig) -> ModelConfig | None:
-    """The OPD teacher's `ModelConfig` (None: no teacher), built with the policy's dtypes
-    as `run.teacher.load_teacher` builds it; the policy's shapes when its folder is not
-    here yet."""
-    name = s.teacher.path or s.teacher.preset
-    if not name:
-        return None
-    try:
-        return model_config(s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s))
-    except ValueError:
-        log.warning("teacher %r has no config.json here: assuming the policy's shapes", name)
-        return policy
-
-
-def _vocab(s: Settings) -> int | None:
-    """A random policy's vocabulary when the run builds the tiny tokenizer (as
-    `run.inputs.policy_config` sizes it), else None (the model's own)."""
-    if not s.model.path and s.tokenizer.build_tiny:
-        return preset_vocab(s.tokenizer.vocab_size)
-    return None
 
 
 def _device_bytes(device: str, device_gib: float | None) -> int:

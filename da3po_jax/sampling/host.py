@@ -337,9 +337,8 @@ def sample_from_folder(
         over every device (one device: unsharded).
       **generate_kwargs: `GenerateConfig` fields (num_samples, max_new_tokens, ...).
 
-    Every argument is checked before the weights are read: the model folder's config.json
-    and the tokenizer are loaded first (both cheap) to check that the longest prompt plus
-    `max_new_tokens` fits the model's max_position_embeddings.
+    Every argument is checked before the weights are read (config.json and the tokenizer,
+    both cheap, first: the longest prompt plus `max_new_tokens` must fit the positions).
 
     Raises:
       ArgumentError: a generate setting out of its range, or a `max_new_tokens` beyond the
@@ -353,17 +352,11 @@ def sample_from_folder(
         check_template(template)
     check_generate_kwargs(generate_kwargs)
     shape = parse_mesh_shape(mesh_shape)
-    model_cfg = read_model_config(model_path)
+    positions = read_model_config(model_path).max_position_embeddings
     tokenizer = Tokenizer.load(tokenizer_path or model_path)
     generate = config_for(tokenizer, **generate_kwargs)
-    check_room(
-        tokenizer,
-        prompts,
-        generate.max_new_tokens,
-        model_cfg.max_position_embeddings,
-        buckets=buckets,
-        template=template,
-    )
+    room = dict(buckets=buckets, template=template)
+    check_room(tokenizer, prompts, generate.max_new_tokens, positions, **room)
     mesh = make_mesh(shape)
     model = load_on_mesh(model_path, mesh, dtype)
     graphdef, state = nnx.split(model)

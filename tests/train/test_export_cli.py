@@ -281,7 +281,7 @@ def test_out_holding_the_run_is_refused_even_with_overwrite(run, capsys):
     parent = os.path.dirname(run.workdir)
     code, _, last = run_main(capsys, workdir=run.workdir, out=parent, overwrite=True)
     assert code == 1
-    assert last.endswith(f"--out {parent!r} holds the run being exported (nothing was changed)")
+    assert last.endswith(f"--out {parent!r} holds the run being read (nothing was changed)")
     assert snapshot(run.workdir) == before
 
 

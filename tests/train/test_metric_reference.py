@@ -10,7 +10,10 @@ recorded by that earlier trainer on some CPU kind: `metric_reference.json` (the 
 machine), `metric_reference_epyc_avx512.json` (AMD EPYC with AVX-512; recorded by the
 trainer of commit 6c60e78, before the trainer was split into rollout/, update/ and run/),
 `metric_reference_xeon.json` (Intel Xeon; its three cases recorded by the trainer of commit
-bab6624, the one that re-recorded ra_opd on EPYC, checked out and run on that CPU).
+bab6624, the one that re-recorded ra_opd on EPYC, checked out and run on that CPU),
+`metric_reference_epyc_avx2.json` (AMD EPYC without AVX-512, where no other file's ra_opd
+matched; its ra_opd case recorded by the trainer of commit 1b85272, checked out and run
+on that CPU).
 The ra_opd case of the EPYC file was re-recorded when the KV cache became heads-major
 ([batch, kv_heads, length, head_dim], for TPU's layout): the attention's float32 sums
 changed order and the OPD returns moved by ~6e-6 relative; the ra_opd case of
@@ -53,7 +56,8 @@ from da3po_jax.run import train  # noqa: E402
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 REFERENCE = os.path.join(DATA, "metric_reference.json")  # what `_record` writes
 REFERENCES = (REFERENCE,) + tuple(
-    os.path.join(DATA, f"metric_reference_{kind}.json") for kind in ("epyc_avx512", "xeon")
+    os.path.join(DATA, f"metric_reference_{kind}.json")
+    for kind in ("epyc_avx512", "xeon", "epyc_avx2")
 )
 TOLERANCE = 1e-6  # absolute, and relative to the reference value's magnitude
 # measured wall-clock times and rates derived from them; metrics added after the

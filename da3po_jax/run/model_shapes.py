@@ -1,0 +1,64 @@
+"""The `ModelConfig`s a run's settings describe, read before any weights exist: a model
+folder's config.json when it is here, else the preset (the memory planner and the AOT
+compile plan a recipe before its weights are downloaded), with the run's runtime fields
+(dtypes, remat, ...) and, for a random policy, the tiny tokenizer's vocabulary."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from da3po_jax.config import Settings
+from da3po_jax.models.config import ModelConfig
+from da3po_jax.models.presets import get_preset
+from da3po_jax.run.inputs import preset_vocab
+
+log = logging.getLogger(__name__)
+
+
+def model_config(
+    path: str, preset: str, runtime: dict[str, Any], vocab_size: int | None = None
+) -> ModelConfig:
+    """The `ModelConfig` of a model folder or preset, with a run's runtime fields (dtypes,
+    remat, ...). `path` with a config.json wins; otherwise `preset` is used (with a
+    warning when a path was given: planning usually happens before the weights are
+    downloaded)."""
+    if path and os.path.isfile(os.path.join(path, "config.json")):
+        return ModelConfig.from_hf_folder(path, **runtime)
+    if not preset:
+        raise ValueError(
+            f"model.path={path!r} has no config.json here and model.preset is empty: set "
+            "model.preset (e.g. qwen2.5-math-7b) to plan before downloading the weights"
+        )
+    if path:
+        log.warning("model.path=%r has no config.json here; planning with preset %r", path, preset)
+    overrides = dict(runtime, **({"vocab_size": vocab_size} if vocab_size else {}))
+    return get_preset(preset, **overrides)
+
+
+def policy_config(s: Settings) -> ModelConfig:
+    """The policy's `ModelConfig` with the run's runtime fields (see `model_config`)."""
+    return model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
+
+
+def teacher_config(s: Settings, policy: ModelConfig) -> ModelConfig | None:
+    """The OPD teacher's `ModelConfig` (None: no teacher), built with the policy's dtypes
+    as `run.teacher.load_teacher` builds it; the policy's shapes when its folder is not
+    here yet."""
+    name = s.teacher.path or s.teacher.preset
+    if not name:
+        return None
+    try:
+        return model_config(s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s))
+    except ValueError:
+        log.warning("teacher %r has no config.json here: assuming the policy's shapes", name)
+        return policy
+
+
+def _vocab(s: Settings) -> int | None:
+    """A random policy's vocabulary when the run builds the tiny tokenizer (as
+    `run.inputs.policy_config` sizes it), else None (the model's own)."""
+    if not s.model.path and s.tokenizer.build_tiny:
+        return preset_vocab(s.tokenizer.vocab_size)
+    return None
