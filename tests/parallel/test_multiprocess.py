@@ -113,6 +113,7 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path):
     assert "2" in ckpts, ckpts
 
 
+@pytest.mark.extended  # about 6.5 minutes on a 2-core AMD EPYC: the longest test
 @pytest.mark.multidevice
 @pytest.mark.slow
 def test_continuous_engine_on_two_processes_through_a_killed_host(tmp_path):
