@@ -19,6 +19,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_collector import _moments_ema  # noqa: E402
+from test_continuous_engine import _IdsText  # noqa: E402
 from test_train_smoke import hash_scorer, micro_config, read_rows  # noqa: E402, F401
 
 from da3po_jax.config import resolve_settings as settings_from  # noqa: E402
@@ -174,16 +175,6 @@ def test_kill_9_with_work_in_flight_then_resume_is_exact(tmp_path, partial_kv):
         ]
     assert [r["step"] for r in rows["killed"]] == [1, 2, 3]
     assert rows["killed"] == rows["whole"]
-
-
-class _IdsText:
-    """Stands in for a `transformers` tokenizer: a text is its token ids, space-separated."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [int(t) for t in text.split()]
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return " ".join(str(int(i)) for i in ids)
 
 
 class _FirstSampleScorer:
