@@ -340,7 +340,7 @@ def _rl_config(args, pack):
         loss=LossConfig(eps_low=0.2, eps_high=0.28, agg="token-mean"),
         adv=AdvantageConfig(),
         daa=None,
-        overlong=OverlongConfig(max_len=args.cap, buffer_len=args.cap // 4),
+        overlong=OverlongConfig(max_len=args.cap, buffer=args.cap // 4),
         pack=pack,
     )
 

@@ -34,7 +34,7 @@ def main() -> None:
     mask = (jnp.arange(seq_len)[None] < lengths[:, None]).astype(jnp.float32)  # [B, T]
 
     rewards, mask = apply_overlong(
-        correct, lengths, truncated, mask, OverlongConfig(max_len=seq_len, buffer_len=2)
+        correct, lengths, truncated, mask, OverlongConfig(max_len=seq_len, buffer=2)
     )
     keep = ds_keep_mask(correct, rewards, group_size)
     ds_metrics = {k: round(float(v), 4) for k, v in ds_group_metrics(correct, group_size).items()}

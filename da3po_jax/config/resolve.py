@@ -1,22 +1,22 @@
 """The raw ml_collections config -> typed `Settings`, once, at start-up.
 
 `resolve_settings` copies the config (the caller's stays untouched), fills the
-placeholders of `configs/base.py` from the algorithm preset, checks every field
-(`checks.py`), builds the frozen sections and checks the rules between fields. Recipes
-and `--config.x=y` overrides stay exactly as users write them; only this module reads
-them.
+placeholders of `configs/base.py` from the algorithm preset, builds the frozen sections
+(each field checked by its own rule, declared with it) and checks the rules between
+fields (`checks.py`). Recipes and `--config.x=y` overrides stay exactly as users write
+them; only this module reads them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-from da3po_jax.config.checks import FIELD_CHECKS, check_fields, check_relations
-from da3po_jax.config.sections import SECTIONS, TOP_LEVEL
-from da3po_jax.config.settings import DISTILLATION, Settings
+from da3po_jax.config.checks import check_relations
+from da3po_jax.config.sections import SECTIONS
+from da3po_jax.config.settings import ALGORITHMS, DISTILLATION, TOP_LEVEL, Settings, derived_fields
+from da3po_jax.rl.fields import SettingError, config_fields
 
 
 def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
@@ -64,19 +64,20 @@ def resolve_settings(config: Any, *, inputs: bool = True) -> Settings:
         must be.
     """
     values = _plain(config)
-    algo_err = FIELD_CHECKS["algo"](values.get("algo"))
-    if algo_err:
-        raise ValueError(f"config.algo={values.get('algo')!r} {algo_err}")
+    if values.get("algo") not in ALGORITHMS:
+        raise ValueError(f"config.algo={values.get('algo')!r} must be one of {list(ALGORITHMS)}")
     _check_names(values)
     for key, value in algorithm_preset(values["algo"], _max_new_tokens(values)).items():
         section, leaf = key.split(".")
         if values[section][leaf] is None:
             values[section][leaf] = value
-    check_fields(values)
-    settings = Settings(
-        **{name: values[name] for name in TOP_LEVEL},
-        **{name: _section(cls, values[name]) for name, cls in SECTIONS.items()},
-    )
+    built: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        built[name] = _section(name, cls, values[name], built.get("rollout"))
+    try:
+        settings = Settings(**{name: values[name] for name in TOP_LEVEL}, **built)
+    except SettingError as e:
+        raise ValueError(f"config.{e.name}={e.value!r} {e.problem}") from None
     check_relations(settings, inputs=inputs)
     return settings
 
@@ -138,23 +139,36 @@ def _check_names(values: dict[str, Any]) -> None:
         section = values.get(name)
         if not isinstance(section, dict):
             raise ValueError(f"config.{name} must be a section (configs/base.py defines it)")
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = [f.name for f in config_fields(cls)]
         for key in section:
             if key not in fields:
                 raise ValueError(
                     f"config.{name}.{key} is not a field (configs/base.py defines them all)"
                 )
-        for key in fields - section.keys():
-            raise ValueError(f"config.{name}.{key} is unset (configs/base.py defines it)")
+        for key in fields:
+            if key not in section:
+                raise ValueError(f"config.{name}.{key} is unset (configs/base.py defines it)")
 
 
-def _section(cls: type, values: dict[str, Any]):
-    """`cls` from its raw values; sequences become tuples (frozen, hashable)."""
+def _section(name: str, cls: type, values: dict[str, Any], rollout: Any):
+    """Section `name` (class `cls`) from its raw values, with the fields derived from the
+    rollout section; sequences become tuples (frozen, hashable).
+
+    Raises:
+      ValueError: naming the first field left unset or whose value breaks its rule.
+    """
     hints = typing.get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
+    for f in config_fields(cls):
         value = values[f.name]
+        if value is None:
+            raise ValueError(f"config.{name}.{f.name}=None is unset")
         if typing.get_origin(hints[f.name]) is tuple and isinstance(value, list | tuple):
             value = tuple(value)
         kwargs[f.name] = value
-    return cls(**kwargs)
+    if rollout is not None:
+        kwargs.update(derived_fields(name, rollout))
+    try:
+        return cls(**kwargs)
+    except SettingError as e:
+        raise ValueError(f"config.{name}.{e.name}={e.value!r} {e.problem}") from None

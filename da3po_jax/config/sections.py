@@ -1,11 +1,12 @@
-"""The typed settings of a run: one frozen dataclass per section of `configs/base.py`.
+"""The sections of a run's settings, each field declared once: its type, default, one-line
+doc and own rule (`da3po_jax.rl.fields.setting`).
 
-Each section mirrors its config section field for field (same names, same meaning; the
-comments of `configs/base.py` document them), so `settings.rollout.group_size` is what a
-user wrote as `--config.rollout.group_size`. `config/resolve.py` builds them once from the
-ml_collections config, after filling the algorithm's defaults and validating every field;
-nothing else in the package reads the raw config. The sections are hashable (tuples, not
-lists), so a section can be a static argument of a jitted function.
+The RL math's sections are its own configs (`LossConfig`, `AdvantageConfig`, `DAAConfig`,
+`OverlongConfig`, `OPDConfig`, `RAOPDConfig` in `da3po_jax.rl`); the rest are here.
+`configs/base.py` (`defaults.default_config`) and docs/settings.md are built from these
+declarations, `resolve.py` builds the sections from a config, and `checks.py` holds only
+the rules between fields. The sections are frozen and hashable (tuples, not lists), so a
+section can be a static argument of a jitted function.
 """
 
 from __future__ import annotations
@@ -13,21 +14,92 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from da3po_jax.data.prompts import PLACEHOLDER, PROMPT_TEMPLATES
+from da3po_jax.data.readers import ANSWER_MODES
+from da3po_jax.models.config import (
+    ATTENTION_CHOICES,
+    DECODE_ATTENTION_CHOICES,
+    REMAT_POLICY_CHOICES,
+)
+from da3po_jax.rewards.extract import FALLBACKS
+from da3po_jax.rewards.scorer import VERIFIERS
+from da3po_jax.rl import (
+    AdvantageConfig,
+    DAAConfig,
+    LossConfig,
+    OPDConfig,
+    OverlongConfig,
+    RAOPDConfig,
+)
+from da3po_jax.rl.fields import (
+    at_least_one,
+    below_one,
+    check_fields,
+    choice,
+    non_negative,
+    open_unit,
+    positive,
+    setting,
+    unit,
+)
+from da3po_jax.rollout.engines import ENGINES
 
-@dataclasses.dataclass(frozen=True)
+
+def section(cls: type) -> type:
+    """A frozen settings dataclass whose construction applies each field's own rule."""
+    cls.__post_init__ = check_fields
+    return dataclasses.dataclass(frozen=True)(cls)
+
+
+def _template(v) -> str | None:
+    if v in PROMPT_TEMPLATES or (isinstance(v, str) and PLACEHOLDER in v):
+        return None
+    return f"must be one of {sorted(PROMPT_TEMPLATES)} or a string containing {PLACEHOLDER!r}"
+
+
+def _buckets(v) -> str | None:
+    ok = bool(v) and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in v)
+    return None if ok else "must be a non-empty list of positive token lengths"
+
+
+def _mesh_shape(v) -> str | None:
+    if len(v) != 3:
+        return "must have 3 entries (data, fsdp, tensor)"
+    if v.count(-1) > 1 or any(n == 0 or n < -1 for n in v):
+        return "must have positive entries, with at most one -1"
+    return None
+
+
+_DTYPES = choice("float32", "bfloat16")
+
+
+@section
 class ModelSettings:
-    path: str
-    preset: str
-    param_dtype: str
-    dtype: str
-    logits_chunk: int
-    remat: bool
-    attention: str
-    attention_block: int
-    decode_attention: str
-    scan_layers: bool
-    remat_policy: str
-    init_checkpoint: str
+    path: str = setting("", 'HF folder (config.json + safetensors); "" = random init from preset')
+    preset: str = setting("tiny-qwen2", 'architecture of a random init (used when path is "")')
+    param_dtype: str = setting("float32", "float32 | bfloat16: the stored weights", _DTYPES)
+    dtype: str = setting("float32", "float32 | bfloat16: the compute dtype", _DTYPES)
+    logits_chunk: int = setting(512, "tokens per chunk of the vocabulary projection", positive)
+    remat: bool = setting(False, "rematerialise each layer in the backward pass")
+    attention: str = setting(
+        "auto",
+        "training forward and prefill: auto | naive | blockwise | cudnn | splash",
+        choice(*ATTENTION_CHOICES),
+    )
+    attention_block: int = setting(512, "query / key block of the blockwise kernels", positive)
+    decode_attention: str = setting(
+        "auto",
+        "continuous engine's decode step: auto (ragged on TPU) | blockwise (pure JAX) | ragged "
+        "(the Pallas TPU kernel reading only live KV pages; interpreted off TPU: slow) | paged",
+        choice(*DECODE_ATTENTION_CHOICES),
+    )
+    scan_layers: bool = setting(False, "layers stacked under lax.scan: compile time flat in depth")
+    remat_policy: str = setting(
+        "nothing",
+        "nothing | dots: what a rematerialised layer keeps",
+        choice(*REMAT_POLICY_CHOICES),
+    )
+    init_checkpoint: str = setting("", "HF folder to start RL from (e.g. an SFT export)")
 
     def runtime_fields(self) -> dict[str, Any]:
         """The fields that override a checkpoint's architecture at load time (dtypes,
@@ -37,50 +109,93 @@ class ModelSettings:
         return {k: getattr(self, k) for k in RUNTIME_FIELDS}
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class TokenizerSettings:
-    path: str
-    build_tiny: bool
-    vocab_size: int
-    system_prompt: str
+    path: str = setting("", '"" = the model folder')
+    build_tiny: bool = setting(False, "build the tiny BPE tokenizer in the workdir")
+    vocab_size: int = setting(512, "vocabulary of the tiny tokenizer", positive)
+    system_prompt: str = setting("", "system message of the chat template")
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class DataSettings:
-    source: str
-    train_path: str
-    eval_path: str
-    prompt_field: str
-    answer_field: str
-    answer_mode: str
-    dedupe: bool
-    template: str
-    tfds_name: str
-    eval_split: str
-    synthetic_train: int
-    synthetic_eval: int
-    synthetic_sft: int
-    synthetic_tier_weights: tuple[float, ...]
+    source: str = setting(
+        "synthetic",
+        "synthetic | jsonl | parquet | tfds",
+        choice("synthetic", "jsonl", "parquet", "tfds"),
+    )
+    train_path: str = setting("", "training prompts (jsonl or parquet)")
+    eval_path: str = setting("", "held-out prompts (jsonl or parquet)")
+    prompt_field: str = setting("", '"" = first of prompt / problem / question (dotted paths ok)')
+    answer_field: str = setting("", '"" = first of answer / reward_model.ground_truth / solution')
+    answer_mode: str = setting("auto", "auto | raw | boxed | gsm8k", choice(*ANSWER_MODES))
+    dedupe: bool = setting(False, "drop repeated prompts")
+    template: str = setting(
+        "dapo", "dapo | boxed | tiny | raw | a string with {problem}", _template
+    )
+    tfds_name: str = setting("", 'e.g. "gsm8k" for data.source = "tfds"')
+    eval_split: str = setting("test", "TFDS split for eval")
+    synthetic_train: int = setting(4000, "synthetic RL prompts", non_negative)
+    synthetic_eval: int = setting(300, "synthetic held-out prompts", non_negative)
+    synthetic_sft: int = setting(4000, "synthetic SFT examples", non_negative)
+    synthetic_tier_weights: tuple[float, ...] = setting(
+        (1.0, 1.0, 1.0, 0.0),
+        "relative share of each synthetic tier (easy, medium, hard, harder), every split",
+    )
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class RolloutSettings:
-    engine: str
-    slots: int
-    steps_per_call: int
-    attention_block: int
-    gather_weights: bool
-    prompts_per_round: int
-    group_size: int
-    prompt_buckets: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    logp_old: str
-    tis_cap: float
-    max_staleness: int
-    partial_kv: str
+    engine: str = setting(
+        "continuous",
+        "continuous (continuous batching over rollout.slots rows) | static (each round one "
+        "batch decoded until its longest row stops); rollout/engines.py: ENGINES",
+        lambda v: ENGINES.check(v),
+    )
+    slots: int = setting(64, "continuous: rows decoded together (S)", positive)
+    steps_per_call: int = setting(16, "continuous: decode steps per jitted call (K)", positive)
+    attention_block: int = setting(128, "continuous: keys per decode-attention block", positive)
+    gather_weights: bool = setting(
+        True,
+        "under a mesh, generation reads the compute-dtype weights gathered over data x fsdp "
+        "(one copy per device while it runs) instead of all-gathering them every decode step",
+    )
+    prompts_per_round: int = setting(16, "prompts in one generation round", positive)
+    group_size: int = setting(
+        8, "G samples per prompt", lambda v: None if v >= 2 else "must be >= 2 (group advantages)"
+    )
+    prompt_buckets: tuple[int, ...] = setting(
+        (64, 128, 256, 512, 1024, 2048), "prompt-length buckets (tokens)", _buckets
+    )
+    max_new_tokens: int = setting(64, "response cap (tokens)", positive)
+    temperature: float = setting(1.0, "sampling temperature", non_negative)
+    top_p: float = setting(1.0, "nucleus sampling (1: off)", open_unit)
+    top_k: int = setting(0, "top-k sampling (0: off)", non_negative)
+    logp_old: str = setting(
+        "sampler",
+        "sampler | recompute: where pi_old's log-probs come from",
+        choice("sampler", "recompute"),
+    )
+    tis_cap: float = setting(
+        2.0,
+        "truncated importance sampling: when temperature / top-k / top-p make the sampling "
+        "distribution mu differ from the temperature-1 policy, each token's loss is weighted "
+        "by min(pi_old / mu, tis_cap); 0 = off. Not applied when the two coincide",
+        lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
+    )
+    max_staleness: int = setting(
+        0,
+        "partial rollouts (continuous engine): optimizer steps a group may stay in flight, "
+        "generating under newer weights, before dynamic sampling judges it; 0 = every group "
+        "admitted in a step finishes in it. > 0 trains with the decoupled objective",
+        non_negative,
+    )
+    partial_kv: str = setting(
+        "keep",
+        "keys / values of a response carried into a new step: keep (stale) | recompute "
+        "(prefill prompt + generated prefix under the new weights)",
+        choice("keep", "recompute"),
+    )
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -94,71 +209,51 @@ class RolloutSettings:
         return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class RLSettings:
-    train_prompts: int
-    mini_batch_prompts: int
-    micro_batch_prompts: int
-    packing: bool
-    pack_length: int
-    pack_rows: int
-    num_iterations: int
+    train_prompts: int = setting(16, "groups per optimizer step batch", positive)
+    mini_batch_prompts: int = setting(8, "groups per optimizer update", positive)
+    micro_batch_prompts: int = setting(
+        0, "0 = whole mini-batch in one pass (rl.packing off)", non_negative
+    )
+    packing: bool = setting(
+        True,
+        "the update's forwards run on micro-batches of pack_rows rows of pack_length tokens, "
+        "each holding several (prompt, response) sequences (docs/design.md)",
+        choice(True, False),
+    )
+    pack_length: int = setting(
+        0, "tokens per packed row; 0 = prompt bucket + max_new_tokens", non_negative
+    )
+    pack_rows: int = setting(
+        8, "packed rows per micro-batch (a multiple of the data-parallel devices)", positive
+    )
+    num_iterations: int = setting(1, "passes over each step's batch", positive)
 
 
-@dataclasses.dataclass(frozen=True)
-class AdvantageSettings:
-    estimator: str
-    norm: str
-    std_ddof: int
-    eps: float
-
-
-@dataclasses.dataclass(frozen=True)
+@section
 class DynamicSamplingSettings:
-    enable: bool
-    metric: str
-    max_prompts: int
+    enable: bool = setting(
+        True, "keep only groups whose metric varies (the algorithm preset)", preset=True
+    )
+    metric: str = setting(
+        "acc", "acc | reward: what must vary within a kept group", choice("acc", "reward")
+    )
+    max_prompts: int = setting(64, "prompts admitted per step at most", positive)
 
 
-@dataclasses.dataclass(frozen=True)
-class DAASettings:
-    enable: bool
-    estimator: str
-    tau: float
-    beta: float
-    lambda_max: float
-    gamma: float
-    prior_ema: float
-    history_decay: float
-    apply_to: str
-
-
-@dataclasses.dataclass(frozen=True)
-class OverlongSettings:
-    filter: bool
-    buffer: int
-    penalty: float
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSettings:
-    eps_low: float
-    eps_high: float
-    clip_ratio_c: float
-    ratio_level: str
-    agg: str
-    kl_coef: float
-    kl_estimator: str
-
-
-@dataclasses.dataclass(frozen=True)
+@section
 class TeacherSettings:
-    path: str
-    preset: str
-    seed: int
-    sft_steps: int
-    sft_stop_acc: float
-    eval: bool
+    path: str = setting(
+        "", "HF folder of the OPD teacher (config.json + safetensors [+ tokenizer])"
+    )
+    preset: str = setting("", 'random-init teacher of this preset when path is "" (tests)')
+    seed: int = setting(1, "init seed of a preset teacher")
+    sft_steps: int = setting(
+        0, "> 0: build a missing teacher.path by an SFT warm start of this many steps", non_negative
+    )
+    sft_stop_acc: float = setting(0.0, "... stopping at this accuracy", unit)
+    eval: bool = setting(True, "evaluate the teacher on the held-out set once at start")
 
     @property
     def identity(self) -> str:
@@ -167,83 +262,102 @@ class TeacherSettings:
         return self.path or f"preset:{self.preset}:seed{self.seed}"
 
 
-@dataclasses.dataclass(frozen=True)
-class OPDSettings:
-    coef: float
-    gamma: float
-    with_outcome: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class RAOPDSettings:
-    delta: float
-    baseline: str
-
-
-@dataclasses.dataclass(frozen=True)
+@section
 class RewardSettings:
-    correct: float
-    incorrect: float
-    timeout_s: float
-    num_workers: int
-    verifier: str
-    fallback: str
+    correct: float = setting(1.0, "reward of a correct response")
+    incorrect: float = setting(0.0, "reward of an incorrect response")
+    timeout_s: float = setting(5.0, "verifier time limit per response (s)", positive)
+    num_workers: int = setting(2, "verifier processes (0: in-process)", non_negative)
+    verifier: str = setting(
+        "builtin", "builtin | math_verify (needs: pip install math-verify)", choice(*VERIFIERS)
+    )
+    fallback: str = setting(
+        "last_expression",
+        "last_expression | none: the answer of a response with no box, `Answer:` line or "
+        '"the answer is": its last math expression or number, or none',
+        choice(*FALLBACKS),
+    )
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class OptimSettings:
-    lr: float
-    warmup_steps: int
-    schedule: str
-    weight_decay: float
-    b1: float
-    b2: float
-    grad_clip: float
+    lr: float = setting(1e-6, "peak learning rate", positive)
+    warmup_steps: int = setting(20, "linear warm-up steps", non_negative)
+    schedule: str = setting("constant", "constant | cosine", choice("constant", "cosine"))
+    weight_decay: float = setting(0.01, "AdamW weight decay", non_negative)
+    b1: float = setting(0.9, "Adam beta1", below_one)
+    b2: float = setting(0.999, "Adam beta2", below_one)
+    grad_clip: float = setting(1.0, "global gradient-norm clip (0: off)", non_negative)
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class TrainSettings:
-    """The loop: steps, eval and checkpoint cadence, fault limits, logging sinks."""
+    steps: int = setting(100, "RL steps", non_negative)
+    token_budget: int = setting(
+        0,
+        "> 0: also stop after the step at which the generated response tokens (every sample "
+        "of every round, filtered groups included) reach this total; train.steps stays a cap",
+        non_negative,
+    )
+    eval_every: int = setting(20, "steps between held-out evals (0: never)", non_negative)
+    checkpoint_every: int = setting(
+        20, "steps between checkpoints (0: only at the end)", non_negative
+    )
+    keep_checkpoints: int = setting(2, "checkpoints kept", at_least_one)
+    max_nonfinite_steps: int = setting(
+        3,
+        "steps in a row whose every update had a non-finite loss / gradient (each skipped) "
+        "before the run stops with an error; 0 = never stop",
+        non_negative,
+    )
+    wandb_project: str = setting("", '"" = no W&B')
+    export_final: bool = setting(
+        False, "write the final policy as a HF folder <workdir>/final_model"
+    )
 
-    steps: int
-    token_budget: int
-    eval_every: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    max_nonfinite_steps: int
-    wandb_project: str
-    export_final: bool
 
-
-@dataclasses.dataclass(frozen=True)
+@section
 class EvalSettings:
-    num_samples: int
-    temperature: float
-    top_p: float
-    max_prompts: int
-    max_new_tokens: int
-    prompts_per_call: int
-    group_by: str
-    log_samples: int
+    num_samples: int = setting(4, "k of avg@k / pass@k", positive)
+    temperature: float = setting(1.0, "sampling temperature", non_negative)
+    top_p: float = setting(1.0, "nucleus sampling (1: off)", open_unit)
+    max_prompts: int = setting(256, "held-out prompts evaluated (0: all)", non_negative)
+    max_new_tokens: int = setting(0, "0 = rollout.max_new_tokens", non_negative)
+    prompts_per_call: int = setting(64, "prompts per generation call", at_least_one)
+    group_by: str = setting(
+        "tier",
+        'avg@k / pass@k per tier, "source" or a dataset field; "" = none',
+        lambda v: None if isinstance(v, str) else "must be a field name (a string)",
+    )
+    log_samples: int = setting(
+        4, "responses logged per eval (eval_samples.jsonl, TensorBoard text)", non_negative
+    )
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class SFTSettings:
-    enable: bool
-    out_dir: str
-    steps: int
-    batch_size: int
-    lr: float
-    warmup_steps: int
-    max_len: int
-    stop_acc: float
-    check_every: int
-    check_prompts: int
+    enable: bool = setting(False, "warm start before RL (cached in the workdir)")
+    out_dir: str = setting("", 'where the warm start is cached; "" = <workdir>/sft_model')
+    steps: int = setting(300, "SFT steps", non_negative)
+    batch_size: int = setting(32, "examples per SFT step", positive)
+    lr: float = setting(3e-3, "SFT learning rate", positive)
+    warmup_steps: int = setting(20, "SFT warm-up steps", non_negative)
+    max_len: int = setting(128, "tokens per SFT example", positive)
+    stop_acc: float = setting(
+        0.0,
+        "> 0: stop the warm-up once accuracy at the rollout temperature on sft.check_prompts "
+        "RL prompts reaches it",
+        unit,
+    )
+    check_every: int = setting(100, "SFT steps between those checks", non_negative)
+    check_prompts: int = setting(64, "prompts of each check", at_least_one)
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class MeshSettings:
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] = setting(
+        (-1, 1, 1), "(data, fsdp, tensor); -1 = fill with the remaining devices", _mesh_shape
+    )
 
 
 # config section name -> its dataclass, in the order of configs/base.py
@@ -253,14 +367,14 @@ SECTIONS: dict[str, type] = {
     "data": DataSettings,
     "rollout": RolloutSettings,
     "rl": RLSettings,
-    "adv": AdvantageSettings,
+    "adv": AdvantageConfig,
     "ds": DynamicSamplingSettings,
-    "daa": DAASettings,
-    "overlong": OverlongSettings,
-    "loss": LossSettings,
+    "daa": DAAConfig,
+    "overlong": OverlongConfig,
+    "loss": LossConfig,
     "teacher": TeacherSettings,
-    "opd": OPDSettings,
-    "ra_opd": RAOPDSettings,
+    "opd": OPDConfig,
+    "ra_opd": RAOPDConfig,
     "reward": RewardSettings,
     "optim": OptimSettings,
     "train": TrainSettings,
@@ -268,4 +382,3 @@ SECTIONS: dict[str, type] = {
     "sft": SFTSettings,
     "mesh": MeshSettings,
 }
-TOP_LEVEL = ("algo", "stage", "seed")

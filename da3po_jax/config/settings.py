@@ -1,10 +1,12 @@
 """`Settings`: the whole run's typed settings, and the values derived from them.
 
-A `Settings` holds one frozen section per section of `configs/base.py` (`sections.py`) and
-answers the questions several stages would otherwise each answer from raw fields: the
-prompts of a static generation round, how many groups the dynamic-sampling surplus holds,
-the rl/ math's own configs (loss, advantages, DAA, overlong shaping, OPD), the eval length
-cap, and the fingerprint a checkpoint must match to be resumed.
+A `Settings` holds the top-level fields (algo, stage, seed) and one frozen section per
+section of a config (`sections.py`; the RL math's sections are its own configs), keeps the
+fields derived from other sections in step (`derived_fields`), and answers the questions
+several stages would otherwise each answer from raw fields: the prompts of a static
+generation round, how many groups the dynamic-sampling surplus holds, which of DAA, OPD
+and RA-OPD are on, the eval length cap, and the fingerprint a checkpoint must match to be
+resumed.
 """
 
 from __future__ import annotations
@@ -14,18 +16,12 @@ from typing import Any
 
 from da3po_jax.config.sections import (
     SECTIONS,
-    AdvantageSettings,
-    DAASettings,
     DataSettings,
     DynamicSamplingSettings,
     EvalSettings,
-    LossSettings,
     MeshSettings,
     ModelSettings,
-    OPDSettings,
     OptimSettings,
-    OverlongSettings,
-    RAOPDSettings,
     RewardSettings,
     RLSettings,
     RolloutSettings,
@@ -42,38 +38,64 @@ from da3po_jax.rl import (
     OverlongConfig,
     RAOPDConfig,
 )
+from da3po_jax.rl.fields import check_fields, choice, config_fields, non_negative, setting
 from da3po_jax.rollout.engines import ENGINES
 
 ALGORITHMS = ("grpo", "dapo", "da3po", "opd", "ra_opd")
 DISTILLATION = ("opd", "ra_opd")
+TOP_LEVEL = ("algo", "stage", "seed")  # the fields of a config outside its sections
 
 
-@dataclasses.dataclass(frozen=True)
+def derived_fields(name: str, rollout: RolloutSettings) -> dict[str, Any]:
+    """The fields of section `name` that the settings derive from the rollout's (not set in
+    a config): the loss's truncated importance sampling cap, on only when the rollout
+    distribution differs from the policy the ratio is taken against (sampling is not
+    exact, or partial rollouts sample with older weights); overlong shaping's response cap."""
+    if name == "loss":
+        return {
+            "tis_cap": 0.0
+            if rollout.exact and not rollout.max_staleness
+            else float(rollout.tis_cap)
+        }
+    if name == "overlong":
+        return {"max_len": rollout.max_new_tokens}
+    return {}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     """The resolved, validated settings of a run (`resolve_settings` builds them)."""
 
-    algo: str
-    stage: str
-    seed: int
+    algo: str = setting("da3po", "grpo | dapo | da3po | opd | ra_opd", choice(*ALGORITHMS))
+    stage: str = setting("rl", "rl | sft", choice("rl", "sft"))
+    seed: int = setting(0, "seed of the initialisation, data order and sampling", non_negative)
     model: ModelSettings
     tokenizer: TokenizerSettings
     data: DataSettings
     rollout: RolloutSettings
     rl: RLSettings
-    adv: AdvantageSettings
+    adv: AdvantageConfig
     ds: DynamicSamplingSettings
-    daa: DAASettings
-    overlong: OverlongSettings
-    loss: LossSettings
+    daa: DAAConfig
+    overlong: OverlongConfig
+    loss: LossConfig
     teacher: TeacherSettings
-    opd: OPDSettings
-    ra_opd: RAOPDSettings
+    opd: OPDConfig
+    ra_opd: RAOPDConfig
     reward: RewardSettings
     optim: OptimSettings
     train: TrainSettings
     eval: EvalSettings
     sft: SFTSettings
     mesh: MeshSettings
+
+    def __post_init__(self):
+        check_fields(self)
+        for name in ("loss", "overlong"):  # kept in step with the rollout section
+            derived = derived_fields(name, self.rollout)
+            section = getattr(self, name)
+            if any(getattr(section, k) != v for k, v in derived.items()):
+                object.__setattr__(self, name, dataclasses.replace(section, **derived))
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -103,41 +125,20 @@ class Settings:
         """Optimizer updates of one RL step: passes x mini-batches."""
         return self.rl.num_iterations * (self.rl.train_prompts // self.rl.mini_batch_prompts)
 
-    # ------------------------------------------------------- the rl/ math's own configs
-    def loss_config(self) -> LossConfig:
-        """The loss settings; truncated importance sampling (`rollout.tis_cap`) is on only
-        when the rollout distribution differs from the policy the ratio is taken against:
-        sampling is not exact, or partial rollouts sample with older weights."""
-        r = self.rollout
-        tis_cap = 0.0 if r.exact and not r.max_staleness else float(r.tis_cap)
-        return LossConfig(**dataclasses.asdict(self.loss), tis_cap=tis_cap)
+    @property
+    def daa_on(self) -> DAAConfig | None:
+        """The DAA section when DAA is on (DA3PO), else None."""
+        return self.daa if self.daa.enable else None
 
-    def advantage_config(self) -> AdvantageConfig:
-        return AdvantageConfig(**dataclasses.asdict(self.adv))
+    @property
+    def opd_on(self) -> OPDConfig | None:
+        """The OPD section when the algorithm distils from a teacher, else None."""
+        return self.opd if self.distillation else None
 
-    def daa_config(self) -> DAAConfig | None:
-        """The DAA settings, or None when DAA is off (GRPO, DAPO)."""
-        if not self.daa.enable:
-            return None
-        fields = dataclasses.asdict(self.daa)
-        del fields["enable"]
-        return DAAConfig(**fields)
-
-    def opd_config(self) -> OPDConfig | None:
-        """The OPD settings, or None unless the algorithm distils from a teacher."""
-        return OPDConfig(**dataclasses.asdict(self.opd)) if self.distillation else None
-
-    def ra_opd_config(self) -> RAOPDConfig | None:
-        """The RA-OPD alignment filter, or None unless `algo = "ra_opd"`."""
-        return RAOPDConfig(**dataclasses.asdict(self.ra_opd)) if self.algo == "ra_opd" else None
-
-    def overlong_config(self) -> OverlongConfig:
-        return OverlongConfig(
-            max_len=self.rollout.max_new_tokens,
-            buffer_len=self.overlong.buffer,
-            penalty=self.overlong.penalty,
-            filter=self.overlong.filter,
-        )
+    @property
+    def ra_opd_on(self) -> RAOPDConfig | None:
+        """The RA-OPD alignment filter when `algo = "ra_opd"`, else None."""
+        return self.ra_opd if self.algo == "ra_opd" else None
 
     # -------------------------------------------------------------------- bookkeeping
     def fingerprint(self) -> dict[str, Any]:
@@ -156,11 +157,10 @@ class Settings:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved config as plain data (what a run writes to config.json)."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in ("algo", "stage", "seed")}
-        out.update({name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS})
+        """The resolved config as plain data, the fields a config sets (what a run writes
+        to config.json)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in TOP_LEVEL}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: getattr(section, f.name) for f in config_fields(type(section))}
         return out
-
-    def replace(self, **changes: Any) -> Settings:
-        """A copy with whole sections or top-level fields replaced (each is frozen)."""
-        return dataclasses.replace(self, **changes)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float, safe_div, to_groups, valid_or_ones
 from da3po_jax.rl.daa import BetaPrior, DAAConfig, PromptHistory, apply_daa
+from da3po_jax.rl.fields import check_fields, choice, non_negative, setting
 from da3po_jax.rl.groups import group_stats
 from da3po_jax.rl.registry import Registry
 
@@ -31,31 +32,25 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimat
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-    """Config of the outcome advantage (hashable; usable as a static jit argument).
+    """Config of the outcome advantage, the run's `adv` section (hashable; usable as a
+    static jit argument)."""
 
-    Attributes:
-      estimator: a name in `ADVANTAGE_ESTIMATORS`: `"grpo"` (default; group-normalised,
-        see `norm`) or `"rloo"` (leave-one-out baseline; ignores `norm`, `std_ddof`, `eps`).
-      norm: `"std"` (GRPO: divide by the group std) or `"none"` (Dr.GRPO: centre only).
-      std_ddof: delta degrees of freedom of the group std; 1 = sample std (verl, TRL).
-      eps: added to the std in the denominator.
-    """
-
-    estimator: str = "grpo"
-    norm: str = "std"
-    std_ddof: int = 1
-    eps: float = 1e-6
+    estimator: str = setting(
+        "grpo",
+        "a name in ADVANTAGE_ESTIMATORS: grpo (group-normalised, see norm) | rloo "
+        "(leave-one-out; ignores norm, std_ddof, eps)",
+        ADVANTAGE_ESTIMATORS.check,  # a bound method: registrations count at check time
+    )
+    norm: str = setting(
+        "std", "std (GRPO: divide by the group std) | none (Dr.GRPO)", choice(*_NORMS)
+    )
+    std_ddof: int = setting(
+        1, "delta degrees of freedom of the group std (1: sample std)", choice(0, 1)
+    )
+    eps: float = setting(1e-6, "added to the group std in the denominator", non_negative)
 
     def __post_init__(self):
-        problem = ADVANTAGE_ESTIMATORS.check(self.estimator)  # read at call time
-        if problem:
-            raise ValueError(f"AdvantageConfig.estimator {problem}, got {self.estimator!r}")
-        if self.norm not in _NORMS:
-            raise ValueError(f"AdvantageConfig.norm must be one of {_NORMS}, got {self.norm!r}")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"AdvantageConfig.std_ddof must be 0 or 1, got {self.std_ddof!r}")
-        if not self.eps >= 0:
-            raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps!r}")
+        check_fields(self)
 
 
 def grpo_advantages(

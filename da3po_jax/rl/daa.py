@@ -42,6 +42,15 @@ import jax
 import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float, odds, safe_div, to_groups, valid_or_ones
+from da3po_jax.rl.fields import (
+    at_least_one,
+    check_fields,
+    choice,
+    open_unit,
+    positive,
+    setting,
+    unit,
+)
 from da3po_jax.rl.groups import group_accuracy
 from da3po_jax.rl.registry import Registry
 
@@ -51,49 +60,41 @@ _TINY = 1e-12
 
 @dataclasses.dataclass(frozen=True)
 class DAAConfig:
-    """DAA settings (hashable; usable as a static jit argument).
+    """DAA settings, the run's `daa` section (hashable; usable as a static jit argument)."""
 
-    Attributes:
-      estimator: a name in `DAA_RULES`: `"none"`, `"power"` (default), `"bayes"` or
-        `"history"`.
-      tau: hardness threshold; a kept group is hard iff 0 < mu_g < tau.
-      beta: exponent of the `power` rule.
-      lambda_max: cap on lambda (>= 1).
-      gamma: exponent of the `bayes` / `history` rules (1 equalises in expectation).
-      prior_ema: EMA decay of the Beta-prior moments across steps (`update_prior_state`).
-      history_decay: decay of per-prompt counts per epoch (`update_history`).
-      apply_to: `"correct"` (DAA) or `"both"` (control: all responses of hard groups).
-      denom_min: clamp of the posterior denominator a + k - 1.
-    """
-
-    estimator: str = "power"
-    tau: float = 0.5
-    beta: float = 0.5
-    lambda_max: float = 4.0
-    gamma: float = 0.5
-    prior_ema: float = 0.9
-    history_decay: float = 0.5
-    apply_to: str = "correct"
-    denom_min: float = 1e-3
+    enable: bool = setting(
+        True,
+        "amplify (the algorithm preset: on for da3po only); off: advantages unchanged",
+        preset=True,
+    )
+    estimator: str = setting(
+        "power",
+        "a name in DAA_RULES: power | bayes | history | none (lambda = 1)",
+        lambda v: DAA_RULES.check(v),  # the registry as it is at check time
+    )
+    tau: float = setting(
+        0.5, "hardness threshold: a kept group is hard iff 0 < mu_g < tau", open_unit
+    )
+    beta: float = setting(0.5, "exponent of the power rule", positive)
+    lambda_max: float = setting(4.0, "cap on lambda (>= 1)", at_least_one)
+    gamma: float = setting(
+        0.5, "exponent of the bayes / history rules (1 equalises in expectation)", positive
+    )
+    prior_ema: float = setting(0.9, "EMA decay of the Beta-prior moments across steps", unit)
+    history_decay: float = setting(
+        0.5, "decay of the per-prompt success / failure counts per epoch", unit
+    )
+    apply_to: str = setting(
+        "correct",
+        "correct (DAA) | both (control: every response of a hard group)",
+        choice(*_APPLY_TO),
+    )
+    denom_min: float = setting(
+        1e-3, "clamp of the posterior denominator a + k - 1", positive, config=False
+    )
 
     def __post_init__(self):
-        problem = DAA_RULES.check(self.estimator)  # read at call time
-        if problem:
-            raise ValueError(f"DAAConfig.estimator {problem}, got {self.estimator!r}")
-        if self.apply_to not in _APPLY_TO:
-            raise ValueError(
-                f"DAAConfig.apply_to must be one of {_APPLY_TO}, got {self.apply_to!r}"
-            )
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"DAAConfig.tau must be in (0, 1], got {self.tau!r}")
-        if not self.lambda_max >= 1.0:
-            raise ValueError(f"DAAConfig.lambda_max must be >= 1, got {self.lambda_max!r}")
-        for name in ("beta", "gamma", "denom_min"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"DAAConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("prior_ema", "history_decay"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"DAAConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        check_fields(self)
 
     @property
     def uses_prior(self) -> bool:
@@ -367,7 +368,8 @@ def apply_daa(
       advantages: `[P * G]` or `[P, G]` per-response advantages (before token broadcast).
       correct: correctness c_i in {0, 1}, same shape.
       group_size: G.
-      config: `DAAConfig` (default `power`, tau 0.5, beta 0.5, cap 4).
+      config: `DAAConfig` (default `power`, tau 0.5, beta 0.5, cap 4); with `enable`
+        False nothing is amplified.
       valid: optional per-response mask.
       group_valid: optional `[P]` mask of kept groups (default: groups with 0 < mu_g < 1,
         i.e. those that dynamic sampling by accuracy keeps).
@@ -389,7 +391,7 @@ def apply_daa(
         kept = (mu > 0) & (mu < 1)
     else:
         kept = jnp.asarray(group_valid, bool) & (n > 0)
-    hard = kept & (mu > 0) & (mu < cfg.tau) & (cfg.estimator != "none")
+    hard = kept & (mu > 0) & (mu < cfg.tau) & (cfg.estimator != "none") & cfg.enable
     lam = jnp.where(hard, daa_lambda(mu, k, n, cfg, prior, history), 1.0)
     target = v & (c if cfg.apply_to == "correct" else True)
     new = jnp.where(target, lam[:, None] * adv, adv)

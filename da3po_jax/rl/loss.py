@@ -13,6 +13,15 @@ import jax
 import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float, safe_div
+from da3po_jax.rl.fields import (
+    above_one,
+    below_one,
+    check_fields,
+    choice,
+    non_negative,
+    positive,
+    setting,
+)
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 _RATIO_LEVELS = ("token", "sequence")
@@ -21,49 +30,44 @@ _KL_ESTIMATORS = ("k1", "k3")
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Settings of `da3po_loss` (hashable; passed to `jax.jit` as a static argument).
+    """Settings of `da3po_loss`, the run's `loss` section (hashable; passed to `jax.jit` as
+    a static argument). Each field's meaning is its `setting` doc."""
 
-    Attributes:
-      eps_low: lower clip, rho >= 1 - eps_low.
-      eps_high: upper clip, rho <= 1 + eps_high (DAPO clip-higher: 0.28).
-      clip_ratio_c: dual-clip constant c > 1 for A < 0 (`float("inf")` disables it).
-      ratio_level: `"token"` (PPO) or `"sequence"` (GSPO: masked mean of the log-ratio).
-      agg: one of `AGG_MODES`.
-      kl_coef: coefficient of the per-token KL to the reference (0: off).
-      kl_estimator: `"k1"` or `"k3"`.
-      log_ratio_clamp: clamp of the log-ratios before exp (policy ratio and k3's
-        logp_ref - logp).
-      kl_clamp: clamp of the k3 estimate.
-      tis_cap: truncated importance sampling cap C > 0: with `logp_behavior` (log mu of the
-        sampling distribution) each token's policy loss is multiplied by
-        stop_grad(min(pi_old / mu, C)); 0 turns it off.
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    clip_ratio_c: float = 3.0
-    ratio_level: str = "token"
-    agg: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    log_ratio_clamp: float = 20.0
-    kl_clamp: float = 10.0
-    tis_cap: float = 0.0
+    eps_low: float = setting(0.2, "lower clip: rho >= 1 - eps_low", below_one)
+    eps_high: float = setting(
+        0.28, "upper clip: rho <= 1 + eps_high (DAPO clip-higher: 0.28)", non_negative, preset=True
+    )
+    clip_ratio_c: float = setting(3.0, "dual-clip constant c > 1 for A < 0 (inf: off)", above_one)
+    ratio_level: str = setting(
+        "token",
+        "token (PPO) | sequence (GSPO: masked mean of the log-ratio)",
+        choice(*_RATIO_LEVELS),
+    )
+    agg: str = setting(
+        "token-mean", f"loss aggregation: {' | '.join(AGG_MODES)}", choice(*AGG_MODES), preset=True
+    )
+    kl_coef: float = setting(
+        0.0, "coefficient of the per-token KL to the reference (0: off)", non_negative
+    )
+    kl_estimator: str = setting("k3", "k1 | k3", choice(*_KL_ESTIMATORS))
+    log_ratio_clamp: float = setting(
+        20.0,
+        "clamp of the log-ratios before exp (policy ratio, k3's logp_ref - logp)",
+        positive,
+        config=False,
+    )
+    kl_clamp: float = setting(10.0, "clamp of the k3 estimate", positive, config=False)
+    tis_cap: float = setting(
+        0.0,
+        "truncated importance sampling cap C: with `logp_behavior` (log mu of the sampling "
+        "distribution) each token's policy loss is multiplied by stop_grad(min(pi_old / mu, "
+        "C)); 0: off (the run derives it from rollout.tis_cap)",
+        non_negative,
+        config=False,
+    )
 
     def __post_init__(self):
-        _check_choice("agg", self.agg, AGG_MODES)
-        _check_choice("ratio_level", self.ratio_level, _RATIO_LEVELS)
-        _check_choice("kl_estimator", self.kl_estimator, _KL_ESTIMATORS)
-        if not 0.0 <= self.eps_low < 1.0:
-            raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low!r}")
-        if not self.eps_high >= 0.0:
-            raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high!r}")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(f"LossConfig.clip_ratio_c must be > 1, got {self.clip_ratio_c!r}")
-        if not self.kl_coef >= 0.0:
-            raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
-        if not self.tis_cap >= 0.0:
-            raise ValueError(f"LossConfig.tis_cap must be >= 0 (0: off), got {self.tis_cap!r}")
+        check_fields(self)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -15,46 +15,40 @@ import jax
 import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float, safe_div, to_groups, valid_or_ones
+from da3po_jax.rl.fields import check_fields, choice, non_negative, positive, setting, unit
 
 _BASELINES = ("none", "group_mean")
 
 
 @dataclasses.dataclass(frozen=True)
 class OPDConfig:
-    """OPD settings (hashable).
+    """OPD settings, the run's `opd` section (hashable)."""
 
-    Attributes:
-      coef: scale of the reverse-KL advantage.
-      gamma: discount of the per-token return (0: no discounting).
-      with_outcome: add the GRPO outcome advantage of the response to every token.
-    """
-
-    coef: float = 1.0
-    gamma: float = 0.0
-    with_outcome: bool = False
+    coef: float = setting(
+        1.0, "A_t = -coef * (logp_student_old - logp_teacher), per token", positive
+    )
+    gamma: float = setting(0.0, "discount of the per-token return (0: no discounting)", unit)
+    with_outcome: bool = setting(
+        False, "add the GRPO outcome advantage of the response to every token"
+    )
 
     def __post_init__(self):
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"OPDConfig.gamma must be in [0, 1], got {self.gamma!r}")
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class RAOPDConfig:
-    """RA-OPD settings (hashable).
+    """RA-OPD settings, the run's `ra_opd` section (hashable)."""
 
-    Attributes:
-      delta: margin; aligned iff (c = 1 and D > delta) or (c = 0 and D < -delta).
-      baseline: `"none"` (compare D with 0) or `"group_mean"` (with its group mean).
-    """
-
-    delta: float = 0.0
-    baseline: str = "none"
+    delta: float = setting(
+        0.0, "margin: aligned iff (c = 1 and D > delta) or (c = 0 and D < -delta)", non_negative
+    )
+    baseline: str = setting(
+        "none", "none (compare D with 0) | group_mean (with its group mean)", choice(*_BASELINES)
+    )
 
     def __post_init__(self):
-        if self.baseline not in _BASELINES:
-            raise ValueError(
-                f"RAOPDConfig.baseline must be one of {_BASELINES}, got {self.baseline!r}"
-            )
+        check_fields(self)
 
 
 def _discounted_reverse_cumsum(r: jax.Array, gamma: float) -> jax.Array:

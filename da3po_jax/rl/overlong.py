@@ -18,31 +18,36 @@ import jax
 import jax.numpy as jnp
 
 from da3po_jax.rl._utils import as_float
+from da3po_jax.rl.fields import SettingError, check_fields, non_negative, positive, setting
 
 
 @dataclasses.dataclass(frozen=True)
 class OverlongConfig:
-    """Overlong settings (hashable; usable as a static jit argument).
+    """Overlong settings, the run's `overlong` section with the response cap `max_len`
+    (hashable; usable as a static jit argument)."""
 
-    Attributes:
-      max_len: response cap L_max in tokens.
-      buffer_len: soft-punishment buffer L_buf in tokens (0 disables the soft punishment).
-      penalty: multiplier of R_len.
-      filter: if True, truncated responses get mask 0.
-    """
+    max_len: int = setting(
+        dataclasses.MISSING,
+        "response cap L_max in tokens (the run's rollout.max_new_tokens)",
+        positive,
+        config=False,
+    )
 
-    max_len: int
-    buffer_len: int = 0
-    penalty: float = 1.0
-    filter: bool = False
+    _: dataclasses.KW_ONLY
+    filter: bool = setting(False, "truncated responses get mask 0", preset=True)
+    buffer: int = setting(
+        0,
+        "soft-punishment buffer L_buf in tokens (0: no soft punishment)",
+        non_negative,
+        preset=True,
+    )
+    penalty: float = setting(1.0, "multiplier of R_len", non_negative)
 
     def __post_init__(self):
-        if not self.max_len > 0:
-            raise ValueError(f"OverlongConfig.max_len must be > 0, got {self.max_len!r}")
-        if not 0 <= self.buffer_len <= self.max_len:
-            raise ValueError(
-                f"OverlongConfig.buffer_len must be in [0, max_len], got {self.buffer_len!r}"
-            )
+        check_fields(self)
+        if self.buffer > self.max_len:
+            problem = f"exceeds max_len={self.max_len} (the response cap)"
+            raise SettingError(type(self).__name__, "buffer", self.buffer, problem)
 
 
 def soft_overlong_punishment(
@@ -104,8 +109,8 @@ def apply_overlong(
       `(R + penalty * R_len(L), mask')` (the mask filtered only if `config.filter`).
     """
     r = as_float(rewards)
-    if config.buffer_len > 0:
-        r = r + soft_overlong_punishment(lengths, config.max_len, config.buffer_len, config.penalty)
+    if config.buffer > 0:
+        r = r + soft_overlong_punishment(lengths, config.max_len, config.buffer, config.penalty)
     if config.filter:
         mask = overlong_filter_mask(mask, truncated)
     return r, mask

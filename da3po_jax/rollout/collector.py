@@ -24,6 +24,7 @@ from da3po_jax.data import PromptIterator
 from da3po_jax.parallel import replicated, to_host
 from da3po_jax.rl import (
     BetaPrior,
+    DAAConfig,
     DSBuffer,
     OverlongConfig,
     PriorState,
@@ -89,19 +90,25 @@ class CollectConfig:
       max_prompts: prompts admitted per step at most (`ds.max_prompts`; `capacity`
         without dynamic sampling).
       keep: the keep rule of finished groups.
-      prior_ema: decay of the prior's moment EMA.
-      history_decay: decay of the per-prompt counts (when `track_history`).
-      use_prior: the DAA rule reads the Beta prior (the update gets `prior(carry)`).
-      track_history: the DAA rule reads the per-prompt history table.
+      daa: the DAA section: its rule decides what the carry tracks (`use_prior`,
+        `track_history`); the prior's moments follow `prior_ema` whether or not it is
+        read, the per-prompt counts decay by `history_decay`.
     """
 
     capacity: int
     max_prompts: int
     keep: KeepRule
-    prior_ema: float = 0.9
-    history_decay: float = 0.5
-    use_prior: bool = False
-    track_history: bool = False
+    daa: DAAConfig = DAAConfig(enable=False)
+
+    @property
+    def use_prior(self) -> bool:
+        """The DAA rule reads the Beta prior (the update gets `prior(carry)`)."""
+        return self.daa.enable and self.daa.uses_prior
+
+    @property
+    def track_history(self) -> bool:
+        """The DAA rule reads the per-prompt history table."""
+        return self.daa.enable and self.daa.uses_history
 
 
 @dataclasses.dataclass
@@ -259,7 +266,7 @@ class Collector:
         batch, surplus = self._take(pending, cfg.capacity)
         self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()
-        prior = self._prior_update(carry.prior, acc, acc_valid, cfg.prior_ema)
+        prior = self._prior_update(carry.prior, acc, acc_valid, cfg.daa.prior_ema)
         carry = carry.replace(surplus=surplus, prior=prior)
         metrics = stats.summary(
             admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
@@ -343,7 +350,7 @@ class Collector:
             np.concatenate([to_host(i) for i, _ in collected.outcomes]),
             np.concatenate([to_host(c) for _, c in collected.outcomes]),
             self.config.keep.group_size,
-            self.config.history_decay,
+            self.config.daa.history_decay,
         )
         placed = jax.device_put(table, replicated(self.mesh)) if self.mesh else table
         return carry.replace(history=PromptHistory(*(jnp.asarray(x) for x in placed)))

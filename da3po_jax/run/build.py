@@ -44,21 +44,21 @@ def update_config(s: Settings) -> UpdateConfig:
         mini_batch_prompts=s.rl.mini_batch_prompts,
         micro_batch_prompts=s.rl.micro_batch_prompts,
         num_iterations=s.rl.num_iterations,
-        loss=s.loss_config(),
-        adv=s.advantage_config(),
-        daa=s.daa_config(),
-        overlong=s.overlong_config(),
+        loss=s.loss,
+        adv=s.adv,
+        daa=s.daa_on,
+        overlong=s.overlong,
         # partial rollouts: the proximal policy is the step's weights (decoupled objective)
         recompute_logp_old=s.rollout.logp_old == "recompute" or s.rollout.max_staleness > 0,
-        opd=s.opd_config(),
-        ra_opd=s.ra_opd_config(),
+        opd=s.opd_on,
+        ra_opd=s.ra_opd_on,
         pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if s.rl.packing else None,
     )
 
 
 def collect_config(s: Settings) -> CollectConfig:
     """The collect stage's settings; the DAA rule decides what the carry tracks."""
-    capacity, daa = s.rl.train_prompts, s.daa_config()
+    capacity = s.rl.train_prompts
     return CollectConfig(
         capacity=capacity,
         max_prompts=s.ds.max_prompts if s.ds.enable else capacity,
@@ -66,12 +66,9 @@ def collect_config(s: Settings) -> CollectConfig:
             enable=bool(s.ds.enable),
             metric=s.ds.metric,
             group_size=s.rollout.group_size,
-            overlong=s.overlong_config(),
+            overlong=s.overlong,
         ),
-        prior_ema=s.daa.prior_ema,
-        history_decay=s.daa.history_decay,
-        use_prior=daa is not None and daa.uses_prior,
-        track_history=daa is not None and daa.uses_history,
+        daa=s.daa,
     )
 
 

@@ -69,10 +69,10 @@ def _step_config():
         mini_batch_prompts=4,
         micro_batch_prompts=2,
         num_iterations=1,
-        loss=cfg.loss_config(),
-        adv=cfg.advantage_config(),
-        daa=cfg.daa_config(),
-        overlong=OverlongConfig(max_len=TN, buffer_len=2, penalty=1.0, filter=True),
+        loss=cfg.loss,
+        adv=cfg.adv,
+        daa=cfg.daa_on,
+        overlong=OverlongConfig(max_len=TN, buffer=2, penalty=1.0, filter=True),
     )
 
 

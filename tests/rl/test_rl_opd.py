@@ -126,12 +126,11 @@ def test_ra_opd_mask_boundaries_and_valid():
 
 
 def test_opd_advantages_degenerate():
-    # teacher = student: all zero; coef 0: all zero; empty mask: zero
+    # teacher = student: all zero; empty mask: zero; coef 0 (no teacher signal) is refused
     zeros = opd_advantages(STUDENT, STUDENT, MASK, config=OPDConfig(gamma=0.7))
     np.testing.assert_array_equal(zeros, np.zeros((1, 3)))
-    np.testing.assert_array_equal(
-        opd_advantages(STUDENT, TEACHER, MASK, config=OPDConfig(coef=0.0)), np.zeros((1, 3))
-    )
+    with pytest.raises(ValueError, match=r"OPDConfig.coef=0.0 must be > 0"):
+        OPDConfig(coef=0.0)
     np.testing.assert_array_equal(
         opd_advantages(STUDENT, TEACHER, jnp.zeros((1, 3))), np.zeros((1, 3))
     )

@@ -37,7 +37,7 @@ def test_filter_mask_zeroes_truncated_rows():
 
 
 def test_apply_overlong_adds_to_reward():
-    cfg = OverlongConfig(max_len=20, buffer_len=5, penalty=1.0, filter=True)
+    cfg = OverlongConfig(max_len=20, buffer=5, penalty=1.0, filter=True)
     r, m = apply_overlong(
         jnp.array([1.0, 1.0, 0.0]),
         jnp.array([10, 18, 20]),
@@ -59,5 +59,5 @@ def test_apply_overlong_adds_to_reward():
 
 
 def test_overlong_config_validation():
-    with pytest.raises(ValueError, match="buffer_len"):
-        OverlongConfig(max_len=10, buffer_len=11)
+    with pytest.raises(ValueError, match="OverlongConfig.buffer=11 exceeds max_len=10"):
+        OverlongConfig(max_len=10, buffer=11)

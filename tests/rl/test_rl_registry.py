@@ -170,7 +170,7 @@ def test_grpo_entry_is_grpo_advantages(norm, ddof):
 def test_unknown_advantage_estimator_is_refused():
     with pytest.raises(ValueError) as e:
         AdvantageConfig(estimator="ppo")
-    assert "AdvantageConfig.estimator must be one of ['grpo', 'rloo'], got 'ppo'" in str(e.value)
+    assert "AdvantageConfig.estimator='ppo' must be one of ['grpo', 'rloo']" in str(e.value)
 
 
 # --- a custom advantage estimator -------------------------------------------------------
@@ -231,7 +231,7 @@ def test_daa_rule_flags(name, uses_prior, uses_history):
 def test_unknown_daa_estimator_is_refused():
     with pytest.raises(ValueError) as e:
         DAAConfig(estimator="magic")
-    msg = "DAAConfig.estimator must be one of ['none', 'power', 'bayes', 'history'], got 'magic'"
+    msg = "DAAConfig.estimator='magic' must be one of ['none', 'power', 'bayes', 'history']"
     assert msg in str(e.value)
 
 
@@ -303,5 +303,5 @@ def test_custom_daa_rule_is_used_by_apply_daa(restore_registries):
 
 def test_custom_daa_rule_is_gone_after_the_test():
     assert "double" not in DAA_RULES
-    with pytest.raises(ValueError, match="DAAConfig.estimator must be one of"):
+    with pytest.raises(ValueError, match="DAAConfig.estimator='double' must be one of"):
         DAAConfig(estimator="double")

@@ -13,7 +13,7 @@ import pytest
 
 from da3po_jax.data import MathProblem, PromptIterator
 from da3po_jax.parallel import to_host
-from da3po_jax.rl import OverlongConfig
+from da3po_jax.rl import DAAConfig, OverlongConfig
 from da3po_jax.rollout import (
     CollectConfig,
     Collector,
@@ -115,7 +115,7 @@ def _collector(engine, max_prompts=12) -> Collector:
         capacity=4,
         max_prompts=max_prompts,
         keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
-        track_history=True,
+        daa=DAAConfig(estimator="history"),
     )
     return Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)
 
@@ -269,7 +269,7 @@ def test_the_prior_sees_every_group_judged_with_partial_rollouts(chunk):
         capacity=2,
         max_prompts=4,
         keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(TN)),
-        use_prior=True,
+        daa=DAAConfig(estimator="bayes"),
     )
     collector = Collector(engine, PromptIterator(PROBLEMS, seed=0), cfg)
     carry = collector.initial_carry(len(PROBLEMS))
@@ -281,7 +281,7 @@ def test_the_prior_sees_every_group_judged_with_partial_rollouts(chunk):
         correct = np.concatenate([to_host(c) for _, c in collected.outcomes])
         judged.append((index.tolist(), correct.mean(axis=1).tolist()))
         assert collected.metrics["ds/batch_fill"] == 1.0
-        mean, var = _moments_ema([acc for _, acc in judged], cfg.prior_ema)
+        mean, var = _moments_ema([acc for _, acc in judged], cfg.daa.prior_ema)
         assert float(carry.prior.mean) == pytest.approx(mean, rel=1e-6, abs=1e-7), version
         assert float(carry.prior.var) == pytest.approx(var, rel=1e-6, abs=1e-7), version
     assert engine.admitted == [["p5", "p8", "p11", "p7"], ["p4", "p2", "p1", "p0"]]

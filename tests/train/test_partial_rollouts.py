@@ -27,7 +27,7 @@ from da3po_jax.data import MathProblem, PromptIterator  # noqa: E402
 from da3po_jax.models import get_preset, init_model  # noqa: E402
 from da3po_jax.models.tokenizer import Tokenizer  # noqa: E402
 from da3po_jax.rewards.scorer import BatchScores, ScoreResult  # noqa: E402
-from da3po_jax.rl import OverlongConfig  # noqa: E402
+from da3po_jax.rl import DAAConfig, OverlongConfig  # noqa: E402
 from da3po_jax.rollout import CollectConfig, Collector, KeepRule, PromptEncoder  # noqa: E402
 from da3po_jax.rollout.continuous import ContinuousEngine  # noqa: E402
 from da3po_jax.run import train  # noqa: E402
@@ -51,10 +51,10 @@ PARTIAL = {
 def test_partial_rollouts_turn_on_the_decoupled_objective():
     s = settings_from(micro_config("da3po", **PARTIAL))
     assert s.rollout.exact  # temperature 1: TIS would be off without partial rollouts
-    assert s.loss_config().tis_cap == 2.0
+    assert s.loss.tis_cap == 2.0
     assert update_config(s).recompute_logp_old  # the proximal policy: the step's weights
     off = settings_from(micro_config("da3po", **{**PARTIAL, "rollout.max_staleness": 0}))
-    assert off.loss_config().tis_cap == 0.0 and not update_config(off).recompute_logp_old
+    assert off.loss.tis_cap == 0.0 and not update_config(off).recompute_logp_old
 
 
 @pytest.mark.parametrize(
@@ -212,7 +212,7 @@ def _partial_collector(problems, graphdef, cfg) -> Collector:
         capacity=2,
         max_prompts=4,
         keep=KeepRule(enable=True, metric="acc", group_size=G, overlong=OverlongConfig(n)),
-        use_prior=True,
+        daa=DAAConfig(estimator="bayes"),
     )
     return Collector(engine, PromptIterator(problems, seed=0), config)
 

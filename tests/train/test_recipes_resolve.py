@@ -16,7 +16,9 @@ from ml_collections import config_dict
 from da3po_jax.config import ALGORITHMS, resolve_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recipe_reference.json")
+REFERENCE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "data", "recipe_reference.json"
+)
 RECIPES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
 
 
