@@ -34,7 +34,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     None,
     "Path to a config file: the repo's configs/ folder holds them (tiny_math.py, the CPU "
     "demo; qwen_math.py and the sized recipes such as qwen_dapo_7b_8xh100.py); every field "
-    "and its default is in configs/base.py. Override any field on the command line with "
+    "and its default is listed in docs/settings.md. Override any field on the command line with "
     "--config.<field>=value, e.g. --config.algo=dapo --config.rollout.group_size=16 "
     "--config.mesh.shape='(1,-1,1)'; a field that does not exist is an error.",
     lock_config=True,

@@ -5,8 +5,8 @@ declarations of the settings (`Settings` and `sections.SECTIONS`).
 reads, with its default; a field the algorithm preset fills (`preset=True`) is an unset
 placeholder of its type, so `--config.algo=dapo` switches every dependent default while an
 explicit `--config.loss.eps_high=0.3` still wins. `reference_markdown()` is
-docs/settings.md (`python -m da3po_jax.config.defaults > docs/settings.md` rewrites it;
-a test keeps the two equal).
+docs/settings.md (`python -m da3po_jax.config > docs/settings.md` rewrites it; a test
+keeps the two equal).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def reference_markdown() -> str:
         "",
         "Every field of a run's config with its type, default and meaning, generated from",
         "their declarations (`da3po_jax/config/sections.py` and the RL math's configs in",
-        "`da3po_jax/rl/`) by `python -m da3po_jax.config.defaults > docs/settings.md`.",
+        "`da3po_jax/rl/`) by `python -m da3po_jax.config > docs/settings.md`.",
         "Override any field with `--config.<section>.<field>=<value>`. A default of",
         "*preset* is filled from the algorithm (`config.algo`, `config/resolve.py:",
         "algorithm_preset`) unless set. Rules between fields are in `config/checks.py`.",
@@ -68,7 +68,3 @@ def reference_markdown() -> str:
             lines.append(f"| `{prefix}{f.name}` | {kind} | {default} | {doc} |")
         lines.append("")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(reference_markdown(), end="")

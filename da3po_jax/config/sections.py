@@ -360,7 +360,7 @@ class MeshSettings:
     )
 
 
-# config section name -> its dataclass, in the order of configs/base.py
+# config section name -> its class, in the order of a config (and of config.json)
 SECTIONS: dict[str, type] = {
     "model": ModelSettings,
     "tokenizer": TokenizerSettings,
