@@ -139,14 +139,19 @@ COMMANDS: dict[str, Run] = {
     "--config.data.train_path=/data/dapo-math-17k.parquet "
     "--config.data.eval_path=/data/aime-2024.jsonl "
     "--workdir=/data/runs/qwen_math": Run("qwen_math", "qwen_math", REAL, extended=True),
-    # --- on-policy distillation
+    # --- on-policy distillation (extended: CI time; tests/train/test_opd.py and the
+    # ra_opd metric reference run the same trainer on every CI run)
     "python -m da3po_jax.main --config=configs/tiny_opd.py --workdir=/tmp/opd_s0": Run(
-        "tiny_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE
+        "tiny_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE, extended=True
     ),
     "python -m da3po_jax.main --config=configs/tiny_opd.py --config.algo=ra_opd "
-    "--workdir=/tmp/ra_opd_s0": Run("tiny_ra_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE),
+    "--workdir=/tmp/ra_opd_s0": Run(
+        "tiny_ra_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE, extended=True
+    ),
     "python -m da3po_jax.main --config=configs/tiny_opd.py --config.seed=1 "
-    "--workdir=/tmp/opd_s1": Run("tiny_opd_seed1", "tiny_opd", TINY_OPD + TINY_OPD_CACHE),
+    "--workdir=/tmp/opd_s1": Run(
+        "tiny_opd_seed1", "tiny_opd", TINY_OPD + TINY_OPD_CACHE, extended=True
+    ),
     "python -m da3po_jax.main --config=configs/qwen_opd.py "
     "--config.model.path=/data/Qwen3-1.7B --config.teacher.path=/data/Qwen3-8B "
     "--config.data.train_path=/data/dapo-math-17k.parquet "

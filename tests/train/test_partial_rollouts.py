@@ -132,7 +132,9 @@ def _final_params(workdir: str) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("hash_scorer")
-@pytest.mark.parametrize("partial_kv", ["keep", "recompute"])
+@pytest.mark.parametrize(
+    "partial_kv", ["keep", pytest.param("recompute", marks=pytest.mark.extended)]
+)  # recompute: extended (CI time); tests/sampling/test_partial_slots.py covers its prefill
 def test_kill_9_with_work_in_flight_then_resume_is_exact(tmp_path, partial_kv):
     """Partial rollouts, 3 steps, checkpoint at 2: killed with SIGKILL as step 3 begins,
     the checkpoint holds the work in flight (slots, keys/values with `keep`, row
