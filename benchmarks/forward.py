@@ -371,7 +371,7 @@ def _update_modes(args, batch, valid, row_len: int) -> dict:
 def suite_packing(args) -> dict:
     import optax
 
-    from da3po_jax.update import rl_update
+    from da3po_jax.update import UpdateBatch, UpdateProgram, rl_update
     from da3po_jax.update.state import init_train_state
 
     cfg = _config(args)
@@ -380,12 +380,13 @@ def suite_packing(args) -> dict:
     batch, facts = _group_batch(args, cfg.vocab_size)
     valid = jnp.ones(args.prompts, jnp.bool_)
     modes = _update_modes(args, batch, valid, facts["row_columns"])
-    step = jax.jit(rl_update, static_argnums=(0, 1, 2), donate_argnums=(3,))
+    step = jax.jit(rl_update, static_argnames="program", donate_argnames="state")
     report, compiled = {}, {}
     for name, (rl_cfg, plan, computed, micro) in modes.items():
         log(f"packing: compiling {name}")
         start = time.perf_counter()
-        lowered = step.lower(graphdef, tx, rl_cfg, state, batch, valid, None, None, None, plan)
+        program = UpdateProgram(graphdef, tx, rl_cfg)
+        lowered = step.lower(program, state, UpdateBatch(batch, valid, plan=plan))
         compiled[name] = lowered.compile()
         report[name] = {"compile_s": time.perf_counter() - start, "micro_batches": micro}
         report[name]["temp_bytes"] = _memory_stats(compiled[name])["temp_bytes"]

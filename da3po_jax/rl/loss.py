@@ -70,6 +70,9 @@ class LossConfig:
         check_fields(self)
 
 
+_LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(LossConfig))
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"LossConfig.{name} must be one of {choices}, got {value!r}")
@@ -190,64 +193,10 @@ def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified, i
     return jax.tree.map(jax.lax.stop_gradient, out)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _da3po_loss_jit(
-    logp_new,
-    logp_old,
-    advantages,
-    mask,
-    logp_ref,
-    normalizer,
-    entropy,
-    logits,
-    amplified,
-    logp_behavior,
-    *,
-    config: LossConfig,
-):
-    m = (jnp.asarray(mask) > 0).astype(jnp.float32)
-    m = m.astype(jnp.promote_types(m.dtype, jnp.asarray(logp_new).dtype))
-    # Zero padded positions first so garbage (e.g. -inf) there cannot reach the gradient.
-    clean = lambda x: jnp.where(m > 0, as_float(x), 0.0)
-    logp_new, logp_old = clean(logp_new), clean(logp_old)
-    adv = as_float(advantages)
-    adv = clean(jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, m.shape))
-    d_tok, d = _log_ratio(logp_new, logp_old, m, config)
-    rho = jnp.exp(d)
-    clipped = jnp.clip(rho, 1 - config.eps_low, 1 + config.eps_high)
-    tok_loss = jnp.maximum(-adv * rho, -adv * clipped)
-    tok_loss = jnp.where(adv < 0, jnp.minimum(tok_loss, -adv * config.clip_ratio_c), tok_loss)
-    is_weights = None
-    if logp_behavior is not None and config.tis_cap > 0:
-        is_weights = tis_weights(logp_old, clean(logp_behavior), m, config.tis_cap)
-        tok_loss = is_weights * tok_loss
-    if normalizer is None:
-        normalizer = loss_normalizer(m, config.agg)
-    pg_loss = _aggregate(tok_loss, m, config.agg, normalizer)
-    kl = None
-    if logp_ref is not None:
-        kl = _kl_to_ref(logp_new, clean(logp_ref), config)
-        tok_loss = tok_loss + config.kl_coef * kl
-    loss = _aggregate(tok_loss, m, config.agg, normalizer)
-    if entropy is None and logits is not None:
-        entropy = _entropy_from_logits(logits)
-    metrics = _metrics(
-        d_tok,
-        rho,
-        adv,
-        m,
-        config,
-        pg_loss,
-        kl,
-        entropy,
-        None if amplified is None else jnp.asarray(amplified, jnp.float32),
-        is_weights,
-    )
-    return loss, metrics
-
-
 # over 60 lines: the docstring is the loss's specification (formula, normaliser, departures
-# from the papers, every metric); the body is 20 lines
+# from the papers, every metric); the body is 40 lines. Jitted once, here: the config and
+# its keyword overrides are static, the arrays traced.
+@functools.partial(jax.jit, static_argnames=("config", *_LOSS_FIELDS))
 def da3po_loss(
     logp_new: jax.Array,
     logp_old: jax.Array,
@@ -321,24 +270,50 @@ def da3po_loss(
       `loss/tis_weight_mean`, `loss/tis_capped_frac`. Metrics are token means over this
       call's mask.
     """
-    cfg = config or LossConfig()
+    config = config or LossConfig()
     if overrides:
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(LossConfig)}
+        unknown = set(overrides) - set(_LOSS_FIELDS)
         if unknown:
             raise TypeError(f"da3po_loss: unknown LossConfig fields {sorted(unknown)}")
-        cfg = dataclasses.replace(cfg, **overrides)
+        config = dataclasses.replace(config, **overrides)
     if normalizer is not None:
         normalizer = as_float(normalizer)
-    return _da3po_loss_jit(
-        logp_new,
-        logp_old,
-        advantages,
-        mask,
-        logp_ref,
-        normalizer,
+    m = (jnp.asarray(mask) > 0).astype(jnp.float32)
+    m = m.astype(jnp.promote_types(m.dtype, jnp.asarray(logp_new).dtype))
+    # Zero padded positions first so garbage (e.g. -inf) there cannot reach the gradient.
+    clean = lambda x: jnp.where(m > 0, as_float(x), 0.0)
+    logp_new, logp_old = clean(logp_new), clean(logp_old)
+    adv = as_float(advantages)
+    adv = clean(jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, m.shape))
+    d_tok, d = _log_ratio(logp_new, logp_old, m, config)
+    rho = jnp.exp(d)
+    clipped = jnp.clip(rho, 1 - config.eps_low, 1 + config.eps_high)
+    tok_loss = jnp.maximum(-adv * rho, -adv * clipped)
+    tok_loss = jnp.where(adv < 0, jnp.minimum(tok_loss, -adv * config.clip_ratio_c), tok_loss)
+    is_weights = None
+    if logp_behavior is not None and config.tis_cap > 0:
+        is_weights = tis_weights(logp_old, clean(logp_behavior), m, config.tis_cap)
+        tok_loss = is_weights * tok_loss
+    if normalizer is None:
+        normalizer = loss_normalizer(m, config.agg)
+    pg_loss = _aggregate(tok_loss, m, config.agg, normalizer)
+    kl = None
+    if logp_ref is not None:
+        kl = _kl_to_ref(logp_new, clean(logp_ref), config)
+        tok_loss = tok_loss + config.kl_coef * kl
+    loss = _aggregate(tok_loss, m, config.agg, normalizer)
+    if entropy is None and logits is not None:
+        entropy = _entropy_from_logits(logits)
+    metrics = _metrics(
+        d_tok,
+        rho,
+        adv,
+        m,
+        config,
+        pg_loss,
+        kl,
         entropy,
-        logits,
-        amplified,
-        logp_behavior,
-        config=cfg,
+        None if amplified is None else jnp.asarray(amplified, jnp.float32),
+        is_weights,
     )
+    return loss, metrics

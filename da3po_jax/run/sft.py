@@ -111,8 +111,8 @@ def run_sft(
     shardings = jax.tree.map(lambda x: x.sharding, state) if mesh is not None else None
     step_fn = jax.jit(
         sft_step,
-        static_argnums=(0, 1),
-        donate_argnums=(2,),
+        static_argnames=("graphdef", "tx"),
+        donate_argnames="state",
         out_shardings=(shardings, replicated(mesh)) if mesh is not None else None,
     )
     n = data["tokens"].shape[0]

@@ -14,7 +14,13 @@ from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.rollout.batch import GroupBatch
 from da3po_jax.update.packing import PackPlan, plan_packing, sequence_lengths
 from da3po_jax.update.state import TrainState, optimizer_updates
-from da3po_jax.update.step import UpdateConfig, rl_update
+from da3po_jax.update.step import (
+    FrozenModels,
+    UpdateBatch,
+    UpdateConfig,
+    UpdateProgram,
+    rl_update,
+)
 
 
 def pack_plan(batch: GroupBatch, valid, cfg: UpdateConfig) -> tuple[PackPlan, Any]:
@@ -54,26 +60,22 @@ class PolicyUpdate:
     ):
         if cfg.opd is not None and teacher is None:
             raise ValueError("UpdateConfig.opd is set: the update needs the teacher model")
-        self.graphdef, self.tx, self.schedule, self.cfg = graphdef, tx, schedule, cfg
-        self.ref_params = ref_params
-        self.teacher_graphdef, self.teacher_params = teacher or (None, None)
-        out = (state_shardings, replicated(mesh)) if mesh is not None else None
-        self.mesh = mesh
+        self.schedule, self.cfg, self.mesh = schedule, cfg, mesh
+        teacher_graphdef, teacher_params = teacher or (None, None)
+        self.frozen = FrozenModels(ref_params=ref_params, teacher_params=teacher_params)
         self.last_lengths = None  # packed: the sequence lengths of the last batch (FLOPs)
-        self.pack_sharding = None
+        pack_sharding = None
         if mesh is not None and cfg.pack is not None:
             if cfg.pack.rows % batch_size_divisor(mesh):
                 raise ValueError(
                     f"config.rl.pack_rows={cfg.pack.rows} must be a multiple of the "
                     f"{batch_size_divisor(mesh)} devices a batch is split over (data x fsdp)"
                 )
-            self.pack_sharding = batch_sharding(mesh, (cfg.pack.rows,))
+            pack_sharding = batch_sharding(mesh, (cfg.pack.rows,))
+        self.program = UpdateProgram(graphdef, tx, cfg, pack_sharding, teacher_graphdef)
+        out = (state_shardings, replicated(mesh)) if mesh is not None else None
         self.fn = jax.jit(
-            rl_update,
-            static_argnums=(0, 1, 2),
-            static_argnames=("teacher_graphdef", "pack_sharding"),
-            donate_argnums=(3,),
-            out_shardings=out,
+            rl_update, static_argnames="program", donate_argnames="state", out_shardings=out
         )
 
     def __call__(self, state: TrainState, batch: GroupBatch, valid: jax.Array, prior):
@@ -83,29 +85,22 @@ class PolicyUpdate:
             self.last_lengths = lens[lens > 0]
             if self.mesh is not None:
                 plan = jax.device_put(plan, replicated(self.mesh))
-        return self.fn(*self._arguments(state, batch, valid, prior, plan), **self._static())
+        return self.fn(self.program, state, UpdateBatch(batch, valid, prior, plan), self.frozen)
 
     def trace(self, state, batch, valid, prior, plan=None) -> jax.stages.Traced:
         """The update traced for these arguments (`jax.ShapeDtypeStruct`s with shardings
         will do; `plan`: a `PackPlan` of them when packed), as `__call__` calls it."""
-        return self.fn.trace(*self._arguments(state, batch, valid, prior, plan), **self._static())
+        inputs = UpdateBatch(batch, valid, prior, plan)
+        return self.fn.trace(self.program, state, inputs, self.frozen)
 
-    def _arguments(self, state, batch, valid, prior, plan) -> tuple:
-        return (
-            self.graphdef,
-            self.tx,
-            self.cfg,
-            state,
-            batch,
-            valid,
-            prior,
-            self.ref_params,
-            self.teacher_params,
-            plan,
-        )
+    @property
+    def graphdef(self) -> Any:
+        """The policy's graph definition."""
+        return self.program.graphdef
 
-    def _static(self) -> dict[str, Any]:
-        return {"teacher_graphdef": self.teacher_graphdef, "pack_sharding": self.pack_sharding}
+    @property
+    def ref_params(self) -> Any:
+        return self.frozen.ref_params
 
     def lr(self, state: TrainState) -> float:
         """The rate of the last optimizer update applied (the schedule counts updates)."""

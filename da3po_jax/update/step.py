@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 
 from da3po_jax.rl import (
     AdvantageConfig,
@@ -74,6 +75,48 @@ class UpdateConfig:
             return self
         row_len = batch.prompt_tokens.shape[1] + batch.tokens.shape[2]
         return dataclasses.replace(self, pack=self.pack.resolve(row_len))
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateProgram:
+    """Everything the jitted update is specialised on (hashable; `rl_update`'s static
+    argument): the policy's graph, the optimizer, the settings, where packed rows go
+    (the batch axes of the mesh; None: one device or unpacked) and the frozen teacher's
+    graph (OPD; None otherwise)."""
+
+    graphdef: Any
+    tx: optax.GradientTransformation
+    cfg: UpdateConfig
+    pack_sharding: Any = None
+    teacher_graphdef: Any = None
+
+
+@struct.dataclass
+class UpdateBatch:
+    """One step's input to the update.
+
+    Attributes:
+      batch: `GroupBatch` of N = train_prompts groups.
+      valid: [N] bool, slots that hold a kept group.
+      prior: the Beta prior of the bayes / history estimators, else None (the history
+        estimator reads its counts from `batch.history`).
+      plan: the batch's `PackPlan` when the program packs (`cfg.pack`), else None.
+    """
+
+    batch: GroupBatch
+    valid: jax.Array
+    prior: BetaPrior | None = None
+    plan: PackPlan | None = None
+
+
+@struct.dataclass
+class FrozenModels:
+    """The parameters the update reads without training them: the reference copy (a KL
+    term) and the OPD teacher (any architecture with the student's tokenizer; its graph is
+    `UpdateProgram.teacher_graphdef`); None where unused."""
+
+    ref_params: Any = None
+    teacher_params: Any = None
 
 
 def _advantages(batch: GroupBatch, valid, cfg: UpdateConfig, prior):
@@ -147,35 +190,18 @@ def _minibatch_grads(graphdef, params, mb: ResponseRows, cfg: UpdateConfig, norm
 
 
 def rl_update(
-    graphdef: Any,
-    tx: optax.GradientTransformation,
-    cfg: UpdateConfig,
+    program: UpdateProgram,
     state: TrainState,
-    batch: GroupBatch,
-    valid: jax.Array,
-    prior: BetaPrior | None = None,
-    ref_params: Any = None,
-    teacher_params: Any = None,
-    pack: PackPlan | None = None,
-    *,
-    teacher_graphdef: Any = None,
-    pack_sharding: Any = None,
+    inputs: UpdateBatch,
+    frozen: FrozenModels | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One RL training step on a batch of groups (jit with graphdef, tx, cfg and
-    teacher_graphdef static).
+    """One RL training step on a batch of groups; jit it with `program` static and
+    `state` donated (`jax.jit(rl_update, static_argnames="program",
+    donate_argnames="state")`, as `PolicyUpdate` does).
 
-    Args:
-      state: the `TrainState` (donate it).
-      batch: `GroupBatch` of N = train_prompts groups.
-      valid: [N] bool, slots that hold a kept group.
-      prior: the Beta prior of the bayes / history estimators, else None (the history
-        estimator reads its counts from `batch.history`).
-      ref_params: frozen reference parameters when the loss has a KL term.
-      teacher_params, teacher_graphdef: the frozen teacher (`nnx.split` of it; any
-        architecture with the student's tokenizer) when `cfg.opd` is set: its log-probs of
-        the sampled responses (one forward) give the per-token OPD advantages.
-      pack, pack_sharding: with `cfg.pack`, the batch's `pack_plan` and (static) where
-        the packed rows go (the batch axes), or None.
+    With `program.cfg.opd` set, the teacher's log-probs of the sampled responses (one
+    forward of `frozen.teacher_params`) give the per-token OPD advantages; with a
+    reference (`frozen.ref_params`) the loss has its KL term (`frozen` None: neither).
 
     A mini-batch without a valid token (e.g. the trailing slots when dynamic sampling
     stopped at its round cap short of a full batch) leaves parameters *and* optimizer
@@ -187,21 +213,23 @@ def rl_update(
     Returns:
       (new state, scalar metrics).
     """
+    graphdef, cfg, batch = program.graphdef, program.cfg, inputs.batch
+    frozen = frozen or FrozenModels()
     if cfg.loss.tis_cap > 0 and batch.logp_sample is None:
         raise ValueError("loss.tis_cap > 0 needs the sampler's log-probs (batch.logp_sample)")
-    if (cfg.pack is None) != (pack is None):
+    if (cfg.pack is None) != (inputs.plan is None):
         raise ValueError("rl_update takes a packing plan exactly when cfg.pack is set")
     cfg = cfg.resolved(batch)
-    adv, loss_mask, amplified, metrics = _advantages(batch, valid, cfg, prior)
-    rows = ResponseRows.from_groups(batch, pack)
+    adv, loss_mask, amplified, metrics = _advantages(batch, inputs.valid, cfg, inputs.prior)
+    rows = ResponseRows.from_groups(batch, inputs.plan)
     rows = rows.replace(adv=adv, loss_mask=loss_mask, amplified=amplified)
-    teacher = (teacher_graphdef, teacher_params)
+    teacher = (program.teacher_graphdef, frozen.teacher_params)
     rows, frozen_metrics = _frozen_forwards(
-        graphdef, state.params, rows, batch, cfg, ref_params, teacher, pack_sharding
+        graphdef, state.params, rows, batch, cfg, frozen.ref_params, teacher, program.pack_sharding
     )
     metrics.update(frozen_metrics)
     params, opt_state, update_metrics = _minibatch_updates(
-        graphdef, tx, cfg, state, rows, pack_sharding
+        graphdef, program.tx, cfg, state, rows, program.pack_sharding
     )
     metrics.update(update_metrics)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)

@@ -22,7 +22,7 @@ from da3po_jax.parallel import make_mesh, param_sharding, shard_batch, spec_for 
 from da3po_jax.rl import OverlongConfig  # noqa: E402
 from da3po_jax.rollout import GroupBatch  # noqa: E402
 from da3po_jax.sampling import GenerateConfig, Sampler  # noqa: E402
-from da3po_jax.update import UpdateConfig, rl_update  # noqa: E402
+from da3po_jax.update import UpdateBatch, UpdateConfig, UpdateProgram, rl_update  # noqa: E402
 from da3po_jax.update.state import init_train_state, make_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
@@ -99,9 +99,10 @@ def _run_all(mesh):
         batch, valid = shard_batch((batch, valid), mesh)
     shardings = jax.tree.map(lambda x: x.sharding, state) if mesh else None
     update = jax.jit(
-        rl_update, static_argnums=(0, 1, 2), out_shardings=(shardings, None) if mesh else None
+        rl_update, static_argnames="program", out_shardings=(shardings, None) if mesh else None
     )
-    new_state, metrics = update(graphdef, tx, step_cfg, state, batch, valid)
+    program = UpdateProgram(graphdef, tx, step_cfg)
+    new_state, metrics = update(program, state, UpdateBatch(batch, valid))
     return (
         np.asarray(logits),
         np.asarray(out.tokens),

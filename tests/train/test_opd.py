@@ -23,7 +23,7 @@ from da3po_jax.rollout.batch import GroupBatch
 from da3po_jax.run import train
 from da3po_jax.run.teacher import check_same_tokenizer, load_teacher
 from da3po_jax.runtime.checkpoint import Checkpointer, CheckpointError
-from da3po_jax.update import UpdateConfig, rl_update
+from da3po_jax.update import FrozenModels, UpdateBatch, UpdateConfig, UpdateProgram, rl_update
 from da3po_jax.update.state import init_train_state
 
 N, G, TP, TN, V = 2, 4, 5, 6, 64
@@ -75,16 +75,12 @@ def _update(student, teacher_params, teacher_graphdef, cfg, batch, valid=None):
     tx = optax.sgd(0.1)
     graphdef, state = init_train_state(student, tx, 0)
     valid = jnp.ones(N, bool) if valid is None else valid
-    step = jax.jit(rl_update, static_argnums=(0, 1, 2), static_argnames=("teacher_graphdef",))
+    step = jax.jit(rl_update, static_argnames="program")
     new, metrics = step(
-        graphdef,
-        tx,
-        cfg,
+        UpdateProgram(graphdef, tx, cfg, teacher_graphdef=teacher_graphdef),
         state,
-        batch,
-        valid,
-        teacher_params=teacher_params,
-        teacher_graphdef=teacher_graphdef,
+        UpdateBatch(batch, valid),
+        FrozenModels(teacher_params=teacher_params),
     )
     return state, new, {k: float(v) for k, v in metrics.items()}
 

@@ -17,7 +17,14 @@ from flax import nnx
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.rl import AGG_MODES, AdvantageConfig, LossConfig, OPDConfig, OverlongConfig
 from da3po_jax.rollout.batch import GroupBatch
-from da3po_jax.update import UpdateConfig, pack_plan, rl_update
+from da3po_jax.update import (
+    FrozenModels,
+    UpdateBatch,
+    UpdateConfig,
+    UpdateProgram,
+    pack_plan,
+    rl_update,
+)
 from da3po_jax.update.forwards import response_logprobs
 from da3po_jax.update.packing import (
     PackConfig,
@@ -187,19 +194,12 @@ def _step(cfg, batch, valid, *, ref=False, teacher=None, model_overrides=None):
     ref_params = jax.tree.map(jnp.asarray, before) if ref else None
     tg, tparams = teacher or (None, None)
     plan = pack_plan(batch, valid, cfg)[0] if cfg.pack else None
-    step = jax.jit(rl_update, static_argnums=(0, 1, 2), static_argnames=("teacher_graphdef",))
+    step = jax.jit(rl_update, static_argnames="program")
     new, metrics = step(
-        graphdef,
-        tx,
-        cfg,
+        UpdateProgram(graphdef, tx, cfg, teacher_graphdef=tg),
         state,
-        batch,
-        jnp.asarray(valid),
-        None,
-        ref_params,
-        tparams,
-        plan,
-        teacher_graphdef=tg,
+        UpdateBatch(batch, jnp.asarray(valid), plan=plan),
+        FrozenModels(ref_params, tparams),
     )
     grads = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), before, new.params)
     return grads, {k: float(v) for k, v in metrics.items()}

@@ -31,7 +31,7 @@ from da3po_jax.rl import (
 )
 from da3po_jax.rollout.batch import GroupBatch
 from da3po_jax.run.build import update_config
-from da3po_jax.update import PolicyUpdate, UpdateConfig, rl_update
+from da3po_jax.update import PolicyUpdate, UpdateBatch, UpdateConfig, UpdateProgram, rl_update
 from da3po_jax.update.forwards import response_logprobs
 from da3po_jax.update.state import init_train_state, make_optimizer, optimizer_updates
 
@@ -85,8 +85,8 @@ def _run(cfg, batch, valid=None, tx=None):
     graphdef, state = init_train_state(_model(), tx, 0)
     before = jax.tree.map(np.asarray, state)
     valid = jnp.ones(batch.tokens.shape[0], bool) if valid is None else valid
-    step = jax.jit(rl_update, static_argnums=(0, 1, 2))
-    new, metrics = step(graphdef, tx, cfg, state, batch, valid)
+    step = jax.jit(rl_update, static_argnames="program")
+    new, metrics = step(UpdateProgram(graphdef, tx, cfg), state, UpdateBatch(batch, valid))
     return graphdef, before, new, {k: float(v) for k, v in metrics.items()}
 
 
