@@ -269,7 +269,9 @@ class RewardSettings:
     timeout_s: float = setting(5.0, "verifier time limit per response (s)", positive)
     num_workers: int = setting(2, "verifier processes (0: in-process)", non_negative)
     verifier: str = setting(
-        "builtin", "builtin | math_verify (needs: pip install math-verify)", choice(*VERIFIERS)
+        "builtin",
+        "builtin | math_verify (needs: pip install math-verify); rewards/verifiers.py: VERIFIERS",
+        lambda v: choice(*VERIFIERS)(v),  # read when checked: a later registration counts
     )
     fallback: str = setting(
         "last_expression",

@@ -14,12 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-# model_type -> architecture name written to an exported config.json.
-SUPPORTED_MODEL_TYPES = {
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "llama": "LlamaForCausalLM",
-}
+from da3po_jax.models.families import family
 
 # Self-attention implementations (models/attention.py; "auto" picks one by backend).
 ATTENTION_CHOICES = ("auto", "naive", "blockwise", "cudnn", "splash")
@@ -60,7 +55,8 @@ class ModelConfig:
     """Shapes and numerics of a Qwen2/2.5, Qwen3 or Llama-3 style decoder.
 
     Attributes:
-      model_type: "qwen2" (q/k/v bias), "qwen3" (per-head q/k RMSNorm) or "llama".
+      model_type: a family registered in `families.py: FAMILIES`: "qwen2" (q/k/v bias),
+        "qwen3" (per-head q/k RMSNorm) or "llama".
       head_dim: explicit per-head width (Qwen3 decouples it from hidden/heads).
       attention_bias: bias on the q/k/v projections (Qwen2 always; others per config).
       o_bias: bias on the output projection (Llama/Qwen3 with `attention_bias`, never Qwen2).
@@ -112,11 +108,7 @@ class ModelConfig:
     remat_policy: str = "nothing"
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unknown model_type {self.model_type!r}; supported: "
-                f"{sorted(SUPPORTED_MODEL_TYPES)}"
-            )
+        family(self.model_type)  # ValueError naming the supported families
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(_DTYPES)}")
@@ -175,11 +167,10 @@ class ModelConfig:
     def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         """Builds a config from a Hugging Face `config.json` dictionary."""
         model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unknown model_type {model_type!r} in config.json; supported: "
-                f"{sorted(SUPPORTED_MODEL_TYPES)}"
-            )
+        try:
+            fam = family(model_type)
+        except ValueError as e:
+            raise ValueError(f"{e} (config.json)") from None
         try:
             heads = _positive_int(hf, "num_attention_heads")
             hidden = _positive_int(hf, "hidden_size")
@@ -218,15 +209,11 @@ class ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=True if model_type == "qwen2" else bool(hf.get("attention_bias")),
-            o_bias=model_type != "qwen2" and bool(hf.get("attention_bias")),
-            qk_norm=model_type == "qwen3",
+            **fam.read(hf),
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"),
         )
-        if model_type == "llama" and hf.get("mlp_bias"):
-            raise ValueError("config.json sets mlp_bias=true, which is not supported")
         fields.update(overrides)
         return cls(**fields)
 
@@ -267,7 +254,7 @@ class ModelConfig:
         if self.rope_scaling is not None:
             rope.update(rope_type="llama3", **dataclasses.asdict(self.rope_scaling))
         hf: dict[str, Any] = {
-            "architectures": [SUPPORTED_MODEL_TYPES[self.model_type]],
+            "architectures": [family(self.model_type).architecture],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -288,12 +275,7 @@ class ModelConfig:
         }
         if self.rope_scaling is not None:
             hf["rope_scaling"] = dict(rope)
-        if self.model_type != "qwen2":
-            hf["attention_bias"] = self.attention_bias
-        if self.model_type == "llama":
-            hf["mlp_bias"] = False
-        if self.model_type == "qwen2":
-            hf["use_sliding_window"] = False
+        hf.update(family(self.model_type).write(self))
         for key in ("bos_token_id", "eos_token_id"):
             if getattr(self, key) is not None:
                 hf[key] = getattr(self, key)

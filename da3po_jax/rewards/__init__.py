@@ -8,6 +8,8 @@ Host-side only (no JAX). The usual entry point is `RewardScorer`::
         batch = scorer.score_batch(responses, references)
     batch.rewards, batch.stats  # [1.0, 0.0, ...], {"ok": 7, "no_answer": 1, ...}
 
+The verifiers are registered by name (`verifiers.py: VERIFIERS`, `register_verifier`).
+
 Model output is never evaluated as code: answers are parsed by a whitelist parser
 (`latex.parse_math`), and the only slow stage (sympy) runs in worker processes that are killed
 at a hard per-response timeout.
@@ -33,6 +35,12 @@ from da3po_jax.rewards.scorer import (
     ScoreResult,
     score_batch,
 )
+from da3po_jax.rewards.verifiers import (
+    Verifier,
+    register_verifier,
+    unregister_verifier,
+    verifier_names,
+)
 from da3po_jax.rewards.verify import (
     fast_verdict,
     is_equivalent,
@@ -49,6 +57,7 @@ __all__ = [
     "ParseError",
     "RewardScorer",
     "ScoreResult",
+    "Verifier",
     "eval_rational",
     "extract_answer",
     "extract_answer_line",
@@ -61,8 +70,11 @@ __all__ = [
     "normalize_answer",
     "parse_math",
     "parse_number",
+    "register_verifier",
     "score_batch",
     "split_sequence",
     "symbolic_equal",
     "symbolic_equations_equal",
+    "unregister_verifier",
+    "verifier_names",
 ]

@@ -23,7 +23,8 @@ decides equivalence with the reference's answer:
 
 With `verifier="math_verify"` every extracted answer is checked by Math-Verify
 (`math_verify_backend`) in the workers instead, under the same timeout and with no parent
-fast path.
+fast path. The verifiers are registered by name in `verifiers.py: VERIFIERS` (a factory
+each, called when the scorer is built).
 
 What bounds the work on model output. The parent process has no timeout (it runs JAX and
 cannot interrupt itself), so everything it does with a response is linear in bounded sizes:
@@ -66,12 +67,18 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from da3po_jax.rewards.extract import FALLBACKS, extract_answer, extract_boxes, extract_reference
-from da3po_jax.rewards.math_verify_backend import math_verify_equivalent, require_math_verify
 from da3po_jax.rewards.normalize import normalize_answer, squash_whitespace
+from da3po_jax.rewards.verifiers import (
+    VERIFIERS,
+    Verifier,
+    VerifyFn,
+    custom_verifier,
+    verifier_names,
+)
 from da3po_jax.rewards.verify import fast_verdict, is_equivalent, split_sequence
 
 __all__ = [
@@ -87,14 +94,12 @@ __all__ = [
 ]
 
 STATUSES = ("ok", "no_answer", "timeout", "error")
-VERIFIERS = ("builtin", "math_verify")
 # A longer extracted answer is no answer ("no_answer"): real final answers are far shorter,
 # and every string stage past this size (parser, numbers, tuples) gives up anyway.
 MAX_ANSWER_CHARS = 4_096
 # A longer response is not scanned at all ("no_answer"): about 500k tokens, far beyond any
 # generation budget; extraction of this much text takes well under a second.
 MAX_RESPONSE_CHARS = 2_000_000
-VerifyFn = Callable[[str, str], bool]
 _Task = tuple[int, str, str]  # (task id, extracted answer, reference)
 
 
@@ -161,14 +166,16 @@ def _limit_memory(memory_limit_mb: int | None) -> None:
         pass  # best effort: the timeout still bounds the damage
 
 
-def _worker_main(conn: Any, verify_fn: VerifyFn | None, memory_limit_mb: int | None) -> None:
-    """Worker loop: answers `(task_id, pred, ref)` with `(task_id, status, correct)`."""
+def _worker_main(
+    conn: Any, verify_fn: VerifyFn | None, warm_up: bool, memory_limit_mb: int | None
+) -> None:
+    """Worker loop: answers `(task_id, pred, ref)` with `(task_id, status, correct)`
+    (`verify_fn` None: sympy's `is_equivalent`; `warm_up`: `Verifier.warm_up`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if verify_fn is None:
         verify_fn = is_equivalent
-        is_equivalent("\\sqrt{2}+x", "x+\\sqrt{3}")  # warm up sympy before reporting ready
-    elif verify_fn is math_verify_equivalent:
-        verify_fn("\\sqrt{2}+x", "x+\\sqrt{3}")  # imports and warms up Math-Verify
+    if warm_up:  # imports and warms up the verifier (sympy) before reporting ready
+        verify_fn("\\sqrt{2}+x", "x+\\sqrt{3}")
     _limit_memory(memory_limit_mb)
     conn.send(("ready", os.getpid()))
     while True:
@@ -192,14 +199,14 @@ class _Worker:
     def __init__(
         self,
         ctx: Any,
-        verify_fn: VerifyFn | None,
+        verifier: Verifier,
         memory_limit_mb: int | None,
         startup_timeout_s: float,
     ):
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
-            args=(child_conn, verify_fn, memory_limit_mb),
+            args=(child_conn, verifier.verify_fn, verifier.warm_up, memory_limit_mb),
             daemon=True,
             name="da3po-reward-worker",
         )
@@ -245,14 +252,14 @@ class _Pool:
     def __init__(
         self,
         num_workers: int,
-        verify_fn: VerifyFn | None,
+        verifier: Verifier,
         start_method: str,
         memory_limit_mb: int | None,
         startup_timeout_s: float,
     ):
         self.ctx = multiprocessing.get_context(start_method)
         self.num_workers = num_workers
-        self.verify_fn = verify_fn
+        self.verifier = verifier
         self.memory_limit_mb = memory_limit_mb
         self.startup_timeout_s = startup_timeout_s
         self.workers: list[_Worker] = []
@@ -261,7 +268,7 @@ class _Pool:
 
     def _spawn(self) -> None:
         self.workers.append(
-            _Worker(self.ctx, self.verify_fn, self.memory_limit_mb, self.startup_timeout_s)
+            _Worker(self.ctx, self.verifier, self.memory_limit_mb, self.startup_timeout_s)
         )
 
     def _replace(self, w: _Worker) -> None:
@@ -336,9 +343,10 @@ class RewardScorer:
       verify_fn: optional custom `(answer, reference) -> bool`, a picklable module-level
         function. When given it replaces the math check entirely (no parent fast path):
         every extracted answer goes to a worker.
-      verifier: "builtin" (this package's verifier: fast path in the parent, sympy in the
-        workers) or "math_verify" (Math-Verify in the workers for every answer, under the
-        same timeout; needs `pip install math-verify`). Ignored when `verify_fn` is given.
+      verifier: a name registered in `verifiers.py: VERIFIERS`: "builtin" (this package's
+        verifier: fast path in the parent, sympy in the workers) or "math_verify"
+        (Math-Verify in the workers for every answer, under the same timeout; needs
+        `pip install math-verify`). Ignored when `verify_fn` is given.
       start_method: multiprocessing start method: "forkserver" or "spawn" ("fork" is unsafe
         with JAX's threads).
       memory_limit_mb: address space a worker may add after start-up; None for no limit.
@@ -365,10 +373,8 @@ class RewardScorer:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
         if verifier not in VERIFIERS:
-            raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
-        if verifier == "math_verify" and verify_fn is None:
-            require_math_verify()
-            verify_fn = math_verify_equivalent
+            raise ValueError(f"verifier must be one of {verifier_names()}, got {verifier!r}")
+        chosen = VERIFIERS[verifier]() if verify_fn is None else custom_verifier(verify_fn)
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
         if not timeout_s > 0:
@@ -378,12 +384,12 @@ class RewardScorer:
         self.timeout_s = float(timeout_s)
         self.correct_reward = float(correct_reward)
         self.incorrect_reward = float(incorrect_reward)
-        self.verify_fn = verify_fn
+        self.verify_fn = chosen.verify_fn
         self.verifier = verifier
         self.fallback = fallback
         # A custom `verify_fn` decides alone; the math verifiers accept an exact match first.
-        self._exact_first = verify_fn is None or verify_fn is math_verify_equivalent
-        self._pool = _Pool(num_workers, verify_fn, start_method, memory_limit_mb, startup_timeout_s)
+        self._exact_first = chosen.exact_first
+        self._pool = _Pool(num_workers, chosen, start_method, memory_limit_mb, startup_timeout_s)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool.workers)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from da3po_jax.rl import (
 )
 from da3po_jax.rollout.batch import GroupBatch, ScoredGroups
 from da3po_jax.rollout.history import add_to_history
-from da3po_jax.rollout.protocol import RolloutEngine, tokens_generated
+from da3po_jax.rollout.protocol import RolloutEngine
 from da3po_jax.rollout.stats import RoundStats
 from da3po_jax.sampling import prompt_keys
 
@@ -147,6 +147,13 @@ def add_finished(buffer: DSBuffer, items: GroupBatch, valid: jax.Array, rule: Ke
     return buffer, surplus, keep, mu
 
 
+def _count(engine: RolloutEngine) -> int | None:
+    """The engine's `tokens_generated()` as an int, or None when it does not count (it
+    returns in each step all it generated in it)."""
+    count = engine.tokens_generated()
+    return None if count is None else int(count)
+
+
 def staleness_metrics(items: GroupBatch, valid, version: int, engine) -> dict[str, float]:
     """How stale the batch trained at weights `version` is (partial rollouts): the share
     of its response tokens sampled `k` versions earlier, `stale/token_lag_k` for k = 0 ..
@@ -168,10 +175,37 @@ def staleness_metrics(items: GroupBatch, valid, version: int, engine) -> dict[st
     return out
 
 
+def groups_like(engine: RolloutEngine, n: int = 1) -> GroupBatch:
+    """`n` zero groups of the shapes `engine` returns (the per-token policy versions with
+    partial rollouts): the template of the collector's buffers and of the batch the
+    update takes. `engine` may be any object with the protocol's sizes (the compile
+    planner passes the ones a run's engine would have)."""
+    return GroupBatch.zeros(
+        n,
+        engine.group_size,
+        engine.prompt_len,
+        engine.max_new_tokens,
+        versions=engine.max_staleness > 0,
+    )
+
+
+def empty_surplus(engine: RolloutEngine) -> DSBuffer:
+    """The carry's dynamic-sampling surplus: room for every group `engine` holds."""
+    return ds_empty_buffer(groups_like(engine), engine.max_in_flight)
+
+
+def empty_pending(engine: RolloutEngine, capacity: int, like: GroupBatch | None = None):
+    """A step's buffer of kept groups: the batch's `capacity`, and room for every group
+    `engine` may return once the batch is full (they become the next step's surplus).
+    `like`: groups of the same shapes (default `groups_like(engine)`)."""
+    like = groups_like(engine) if like is None else like
+    return ds_empty_buffer(like, capacity + engine.max_in_flight)
+
+
 def jitted_add_finished():
     """`add_finished` jitted as the collector runs it (the keep rule static); one per
     collector, so its compile count is the collector's."""
-    return jax.jit(add_finished, static_argnums=(3,))
+    return jax.jit(add_finished, static_argnames="rule")
 
 
 class Collector:
@@ -191,27 +225,24 @@ class Collector:
         config: CollectConfig,
         mesh: Mesh | None = None,
     ):
-        if engine.max_staleness and tokens_generated(engine) is None:
+        if engine.max_staleness and engine.tokens_generated() is None:
             raise TypeError(
                 f"{type(engine).__name__} carries groups across steps (max_staleness="
-                f"{engine.max_staleness}) but has no tokens_generated(): the token budget "
-                "would miss the tokens of groups in flight (rollout/protocol.py)"
+                f"{engine.max_staleness}) but has no tokens_generated() count (it returns "
+                "None): the token budget would miss the tokens of groups in flight "
+                "(rollout/protocol.py)"
             )
         self.engine, self.iterator, self.config, self.mesh = engine, iterator, config, mesh
         self.progress: Callable[[str], None] | None = None  # e.g. a progress bar's postfix
         self.add_finished = jitted_add_finished()
         self._seed_buffer = jax.jit(ds_add_round)
-        self._take = jax.jit(ds_take, static_argnums=(1,))
-        self._prior_update = jax.jit(update_prior_state, static_argnums=(3,))
+        self._take = jax.jit(ds_take, static_argnames="n")
+        self._prior_update = jax.jit(update_prior_state, static_argnames="decay")
 
     def initial_carry(self, num_prompts: int) -> RLCarry:
         """An empty surplus, a fresh prior and a zero table for `num_prompts` prompts."""
-        e = self.engine
-        like = GroupBatch.zeros(
-            1, e.group_size, e.prompt_len, e.max_new_tokens, versions=e.max_staleness > 0
-        )
         carry = RLCarry(
-            surplus=ds_empty_buffer(like, e.max_in_flight),
+            surplus=empty_surplus(self.engine),
             prior=init_prior_state(),
             history=PromptHistory(jnp.zeros(num_prompts), jnp.zeros(num_prompts)),
         )
@@ -234,14 +265,15 @@ class Collector:
         Every group judged in the step (returned by the engine, kept or not, whatever step
         admitted it) enters the DAA prior's moment EMA. The metric `_gen_tokens`, which
         `train.token_budget` adds up, is the response tokens the engine sampled during the
-        step (`protocol.tokens_generated`; without that call, the returned groups' tokens).
+        step (`RolloutEngine.tokens_generated`; when it is None, the returned groups'
+        tokens).
 
         `params` are policy version `version` (the optimizer steps they have taken).
         Returns the batch and the new carry."""
         cfg, engine = self.config, self.engine
         engine.sync_weights(params, version)
-        tokens_before = tokens_generated(engine)
-        pending = ds_empty_buffer(carry.surplus.items, cfg.capacity + engine.max_in_flight)
+        tokens_before = _count(engine)
+        pending = empty_pending(engine, cfg.capacity, like=carry.surplus.items)
         pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
         stats = RoundStats(self.judged_max())
         outcomes: list[tuple[jax.Array, jax.Array]] = []
@@ -263,16 +295,16 @@ class Collector:
             if done:  # one sync per return, none while the engine only decoded
                 count = int(pending.count)
                 self._report(count, admitted)
-        batch, surplus = self._take(pending, cfg.capacity)
+        batch, surplus = self._take(pending, n=cfg.capacity)
         self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()
-        prior = self._prior_update(carry.prior, acc, acc_valid, cfg.daa.prior_ema)
+        prior = self._prior_update(carry.prior, acc, acc_valid, decay=cfg.daa.prior_ema)
         carry = carry.replace(surplus=surplus, prior=prior)
         metrics = stats.summary(
             admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
         )
         if tokens_before is not None:  # rows still in flight and later dropped included
-            metrics["_gen_tokens"] = float(tokens_generated(engine) - tokens_before)
+            metrics["_gen_tokens"] = float(_count(engine) - tokens_before)
         if engine.max_staleness:
             metrics.update(staleness_metrics(batch.items, batch.valid, version, engine))
         return Collected(batch.items, batch.valid, outcomes, metrics), carry
@@ -284,13 +316,54 @@ class Collector:
         carried = self.engine.max_in_flight if self.engine.max_staleness else 0
         return self.config.max_prompts + carried
 
+    # ------------------------------------- what the loop asks of the engine and the data
+    def release_cache(self) -> None:
+        """Frees the engine's generation memory once the batch is collected, before the
+        update (`RolloutEngine.release`; an engine carrying groups into the next step
+        keeps their state)."""
+        self.engine.release()
+
+    def data_state(self) -> dict:
+        """The prompt stream's position (JSON), for a checkpoint."""
+        return self.iterator.state.to_dict()
+
+    def restore_data(self, saved: dict) -> None:
+        """Puts a `data_state` back.
+
+        Raises:
+          ValueError: the position was made for other prompts (other ids or order, another
+            seed); nothing is changed.
+        """
+        self.iterator.restore(saved)
+
+    @property
+    def prompts_per_epoch(self) -> int:
+        """The training prompts this host's stream walks per epoch."""
+        return self.iterator.epoch_length
+
+    def engine_snapshot(self) -> tuple[dict, dict] | None:
+        """The work the engine carries into the next step, for a checkpoint: the (arrays,
+        JSON meta) of `RolloutEngine.snapshot`; None when it carries none across steps
+        (`max_staleness` 0: the checkpoint has no `engine` entry)."""
+        if not self.engine.max_staleness:
+            return None
+        return self.engine.snapshot()
+
+    def engine_snapshot_shapes(self, meta: dict) -> dict:
+        """The restore target of a checkpoint's `engine_snapshot` with this `meta`."""
+        return self.engine.snapshot_shapes(meta)
+
+    def restore_engine(self, arrays: dict, meta: dict) -> None:
+        """Puts an `engine_snapshot` back into the engine (the run resumes from it)."""
+        self.engine.restore(arrays, meta)
+
     def _add(self, carry, groups: ScoredGroups, pending, stats: RoundStats, outcomes: list):
         """Files one engine return: its outcomes, its kept groups into `pending`."""
         items = groups.batch.replace(history=self._history_of(carry, groups.batch))
         valid = jnp.asarray(groups.valid)
         # padding rows are no prompt's outcome (-1: not in the history table)
         outcomes.append((jnp.where(valid, items.prompt_index, -1), items.correct))
-        pending, dropped, keep, mu = self.add_finished(pending, items, valid, self.config.keep)
+        pending, dropped, keep, mu = self.add_finished(pending, items, valid, rule=self.config.keep)
         stats.add(groups, to_host(keep), to_host(mu), dropped.count)
         return pending
 

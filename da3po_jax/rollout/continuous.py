@@ -96,7 +96,7 @@ class ContinuousEngine:
         if partial_kv not in ("keep", "recompute"):
             raise ValueError(f"partial_kv={partial_kv!r}: expected 'keep' or 'recompute'")
         self.max_staleness, self.partial_kv = max_staleness, partial_kv
-        self.return_size = max(1, s // g)
+        self.return_size = self.return_size_for(0, s, g)  # the round size plays no part
         self._params = None
         self._in_flight = 0
         # finished groups being scored: (future, their admission versions)
@@ -135,6 +135,11 @@ class ContinuousEngine:
         """4 x S / G prompts: a group's slots free up row by row, so more groups than
         S / G are in flight when the slots are full."""
         return 4 * max(1, slots // group_size)
+
+    @staticmethod
+    def return_size_for(round_size: int, slots: int, group_size: int) -> int:
+        """S / G groups per returned batch (at least one)."""
+        return max(1, slots // group_size)
 
     def sync_weights(self, params, version: int = 0) -> None:
         """Generation goes on with `params`, policy version `version`; with

@@ -71,6 +71,7 @@ class StaticEngine:
         self.mesh, self.index_of, self.round_size = mesh, index_of, round_size
         self.group_size, self.prompt_len = gen.num_samples, prompt_len
         self.max_new_tokens, self.max_in_flight = gen.max_new_tokens, round_size
+        self.return_size = self.return_size_for(round_size, 0, self.group_size)
         self._params = None
         self._queue: collections.deque = collections.deque()
 
@@ -91,6 +92,11 @@ class StaticEngine:
     @staticmethod
     def max_in_flight_for(round_size: int, slots: int, group_size: int) -> int:
         """One round."""
+        return round_size
+
+    @staticmethod
+    def return_size_for(round_size: int, slots: int, group_size: int) -> int:
+        """One round per returned batch."""
         return round_size
 
     def sync_weights(self, params, version: int = 0) -> None:
@@ -126,6 +132,28 @@ class StaticEngine:
     def release(self) -> None:
         self.sampler.clear()
 
+    def tokens_generated(self) -> None:
+        """None: each step returns all it generated (its rounds come back whole), so the
+        returned groups' lengths are the count (`RolloutEngine.tokens_generated`)."""
+        return None
+
+    # ------------------------------------------------------------- checkpoints
+    # Nothing outlives a step (max_staleness 0): the collector never asks for a snapshot,
+    # and a checkpoint of this engine has no `engine` entry.
+    def snapshot(self) -> tuple[dict, dict]:
+        """Nothing is carried into the next step: an empty snapshot."""
+        return {}, {}
+
+    def snapshot_shapes(self, meta: dict) -> dict:
+        """The empty snapshot's (no) arrays; a checkpoint of work in flight (written by
+        an engine with `max_staleness > 0`) is refused."""
+        _refuse_work(meta)
+        return {}
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        """Puts the empty snapshot back (nothing to do; work in flight is refused)."""
+        _refuse_work(meta)
+
     def _generate(self, problems: list[MathProblem], keys: jax.Array, real: int) -> ScoredGroups:
         out, scores, verdicts = _sample_and_score(
             self.sampler,
@@ -150,6 +178,15 @@ class StaticEngine:
         if real < n:
             scores = scores.head(real)
         return ScoredGroups(batch, scores, problems[:real], np.arange(n) < real)
+
+
+def _refuse_work(meta: dict) -> None:
+    """ValueError for a snapshot that is not the static engine's (empty) one."""
+    if meta:
+        raise ValueError(
+            "the checkpoint holds rollout work in flight (written with rollout.max_staleness "
+            "> 0), which the static engine cannot take over"
+        )
 
 
 def sample_and_score(

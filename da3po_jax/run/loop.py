@@ -31,16 +31,16 @@ def _checkpoint(trainer: RLTrainer) -> tuple[dict, dict]:
     """(device tree, host JSON) of a checkpoint: the train state, the carry, the data
     position, and the work a partial-rollout engine carries into the next step
     (`engine`), so a resumed run goes on exactly from it."""
-    engine = trainer.collector.engine
     tree = {"train": trainer.state, "carry": trainer.carry}
     host = {
-        "data": trainer.collector.iterator.state.to_dict(),
+        "data": trainer.collector.data_state(),
         "config": trainer.settings.fingerprint(),
         "eval_pending": trainer._eval_pending,
         "tokens_generated": trainer.tokens.total,
     }
-    if engine.max_staleness:
-        tree["engine"], host["engine"] = engine.snapshot()
+    work = trainer.collector.engine_snapshot()  # None: the engine carries nothing
+    if work is not None:
+        tree["engine"], host["engine"] = work
     return tree, host
 
 
@@ -95,7 +95,7 @@ class RLTrainer:
         self.state = self.state.replace(rng=rng)
         version = int(self.state.step)  # the policy version (partial rollouts record it)
         collected, self.carry = self.collector.collect(self.state.params, self.carry, key, version)
-        self.collector.engine.release()  # no KV cache in the update (but partial_kv="keep")
+        self.collector.release_cache()  # no KV cache in the update (but partial_kv="keep")
         t1 = time.perf_counter()
         prior = self.collector.prior(self.carry)
         self.state, update_metrics = self.update(
@@ -206,28 +206,33 @@ def eval_line(metrics: dict[str, float], k: int) -> str:
     return f"{key}={metrics[key]:.3f} {tiers}"
 
 
-def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, collector):
+def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, collector: Collector):
     """(step, state, carry, eval_pending, generated tokens) of the newest good checkpoint,
-    with the collector's data position restored; None when there is none."""
-    path, fp, engine = checkpointer.directory, settings.fingerprint(), collector.engine
+    with the collector's data position (and its engine's work in flight) restored; None
+    when there is none."""
+    path, fp = checkpointer.directory, settings.fingerprint()
 
     def like(host: dict) -> dict:
         tree = {"train": state, "carry": carry}
         if "engine" in host:  # partial rollouts: the work in flight
-            tree["engine"] = engine.snapshot_shapes(host["engine"])
+            tree["engine"] = collector.engine_snapshot_shapes(host["engine"])
         return tree
+
+    def same_data(host: dict) -> None:
+        saved = host.get("data")
+        _restore_position(saved, collector.restore_data, collector.prompts_per_epoch, path)
 
     def check_host(host: dict) -> None:
         check_compatible(host.get("config", {}), fp, path)
-        check_same_data(host.get("data"), collector.iterator, path)
+        same_data(host)
 
     found = checkpointer.restore_latest(like, check_host)
     if found is None:
         return None
     step, tree, host = found
     if "engine" in host:
-        engine.restore(tree["engine"], host["engine"])
-    check_same_data(host.get("data"), collector.iterator, path)
+        collector.restore_engine(tree["engine"], host["engine"])
+    same_data(host)
     log.info("resumed from %s at step %d", path, step)
     pending, tokens = bool(host.get("eval_pending", False)), int(host.get("tokens_generated", 0))
     return step, tree["train"], tree["carry"], pending, tokens
@@ -241,12 +246,20 @@ def check_same_data(saved: dict | None, iterator, path: str) -> None:
     Raises:
       CheckpointError: the position does not belong to these prompts (nothing changed).
     """
+    _restore_position(saved, iterator.restore, iterator.epoch_length, path)
+
+
+def _restore_position(
+    saved: dict | None, restore: Callable[[dict], None], epoch_length: int, path: str
+) -> None:
+    """`check_same_data` through `restore` (`PromptIterator.restore`, or the collector's
+    `restore_data`) for a stream of `epoch_length` prompts per epoch."""
     try:
-        iterator.restore(saved if saved is not None else {})
+        restore(saved if saved is not None else {})
     except ValueError as e:
         raise CheckpointError(
             f"checkpoint in {path!r} was written for other training data (now "
-            f"{iterator.epoch_length} prompts per epoch; {e}). Nothing was changed; resume "
+            f"{epoch_length} prompts per epoch; {e}). Nothing was changed; resume "
             "with the run's data and settings or use another --workdir."
         ) from e
 
@@ -258,9 +271,9 @@ class TokenBudget:
     algorithms can be compared at equal generation.
 
     A step adds what the engine sampled during it (the collector's `_gen_tokens`, see
-    `rollout/protocol.py: tokens_generated`), not the lengths of the groups it returned:
-    with partial rollouts the rows still in flight when the run stops have generated
-    tokens no batch ever returns, and a group carried across steps is counted as its
+    `rollout/protocol.py: RolloutEngine.tokens_generated`), not the lengths of the groups
+    it returned: with partial rollouts the rows still in flight when the run stops have
+    generated tokens no batch ever returns, and a group carried across steps is counted as its
     tokens are sampled. The total is saved in the checkpoint (`tokens_generated`) and a
     restored engine does not count again what its rows in flight had sampled, so a
     resumed run counts every token once."""

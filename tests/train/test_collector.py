@@ -52,7 +52,7 @@ class FakeEngine:
 
     def __init__(self, slots: int, chunk: int, pad_to: int = 0):
         self.slots, self.chunk, self.pad_to = slots, chunk, pad_to
-        self.max_in_flight = slots
+        self.max_in_flight, self.return_size = slots, pad_to or chunk
         self.queue: list[MathProblem] = []
         self.admitted: list[list[str]] = []
         self.synced = self.released = 0
@@ -91,6 +91,18 @@ class FakeEngine:
 
     def release(self) -> None:
         self.released += 1
+
+    def tokens_generated(self) -> int | None:
+        return None  # each step returns all it generated: the collector counts those
+
+    def snapshot(self) -> tuple[dict, dict]:
+        return {}, {}  # nothing outlives a step
+
+    def snapshot_shapes(self, meta: dict) -> dict:
+        return {}
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        pass
 
 
 def _scored(problems, wrong: frozenset[str] = frozenset(DROPPED)) -> ScoredGroups:
@@ -295,8 +307,8 @@ def test_the_prior_sees_every_group_judged_with_partial_rollouts(chunk):
 
 
 def test_an_engine_carrying_groups_must_count_its_tokens():
-    """An engine with `max_staleness` > 0 and no `tokens_generated()` is refused: the
-    token budget would miss what its groups in flight sampled."""
+    """An engine with `max_staleness` > 0 and no `tokens_generated()` count (it returns
+    None) is refused: the token budget would miss what its groups in flight sampled."""
 
     class Uncounted(FakeEngine):
         max_staleness = 1
