@@ -35,19 +35,26 @@ from da3po_jax.models.attention import compiling_for
 from da3po_jax.models.config import ModelConfig
 from da3po_jax.parallel import batch_sharding, replicated, tree_shardings
 from da3po_jax.parallel.mesh import kernel_mesh
-from da3po_jax.rl import ds_empty_buffer, init_prior_state, prior_from_state
-from da3po_jax.rollout import GroupBatch
-from da3po_jax.rollout.collector import jitted_add_finished
+from da3po_jax.rl import init_prior_state, prior_from_state
+from da3po_jax.rollout import ENGINES, GroupBatch
+from da3po_jax.rollout.collector import (
+    empty_pending,
+    empty_surplus,
+    groups_like,
+    jitted_add_finished,
+)
 from da3po_jax.run.build import collect_config, update_config
 from da3po_jax.run.inputs import generate_configs
 from da3po_jax.sampling import GenerateConfig, continuous
+from da3po_jax.sampling.continuous import admission_arrays
 from da3po_jax.sampling.sampler import (
     cache_initializer,
     cache_shardings,
     generate_with_cache,
     prompt_keys,
 )
-from da3po_jax.update import PackConfig, PackPlan, PolicyUpdate
+from da3po_jax.update import PackConfig, PolicyUpdate
+from da3po_jax.update.packing import empty_plan
 from da3po_jax.update.state import TrainState, make_optimizer
 
 # the programs that generate (static and continuous engines): each reads its own gathered
@@ -66,6 +73,35 @@ class Program:
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineSizes:
+    """The sizes of the run's training engine (`rollout/protocol.py: RolloutEngine`),
+    from its class's own functions (`max_in_flight_for`, `return_size_for`) given what
+    `run/build.py: make_engine` gives it; the collector's buffer functions take it in the
+    engine's place."""
+
+    group_size: int
+    prompt_len: int
+    max_new_tokens: int
+    max_staleness: int
+    max_in_flight: int
+    return_size: int
+
+    @classmethod
+    def of(cls, s: Settings, prompt_len: int) -> EngineSizes:
+        r = s.rollout
+        engine = ENGINES.get(r.engine)
+        args = (s.round_size, r.slots, r.group_size)
+        return cls(
+            group_size=r.group_size,
+            prompt_len=prompt_len,
+            max_new_tokens=r.max_new_tokens,
+            max_staleness=r.max_staleness,
+            max_in_flight=engine.max_in_flight_for(*args),
+            return_size=engine.return_size_for(*args),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Abstract:
     """The run's state as sharded shapes: policy, train state, frozen teacher (graphdef,
     params and config), the step's batch of groups and the dynamic-sampling surplus."""
@@ -79,6 +115,7 @@ class Abstract:
     teacher_cfg: ModelConfig | None
     batch: GroupBatch  # batch-split, as the update takes it
     surplus: Any  # DSBuffer, replicated as the collector's carry is placed
+    engine: EngineSizes
 
 
 def sharded(tree: Any, shardings: Any) -> Any:
@@ -118,10 +155,10 @@ def abstract_run(
         rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh)),
     )
     teacher = sharded_model(teacher_mc, mesh) if teacher_mc is not None else None
-    g, tn, n = s.rollout.group_size, s.rollout.max_new_tokens, s.rl.train_prompts
-    batch = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(n, g, prompt_len, tn)), mesh)
-    like = GroupBatch.zeros(1, g, prompt_len, tn)
-    surplus = jax.eval_shape(lambda: ds_empty_buffer(like, s.surplus_capacity))
+    sizes = EngineSizes.of(s, prompt_len)
+    n = s.rl.train_prompts  # the collector's capacity: the batch it takes from its buffer
+    batch = batch_split(jax.eval_shape(lambda: groups_like(sizes, n)), mesh)
+    surplus = jax.eval_shape(lambda: empty_surplus(sizes))
     return Abstract(
         graphdef,
         params,
@@ -132,6 +169,7 @@ def abstract_run(
         teacher_mc,
         batch,
         replicated_shapes(surplus, mesh),
+        sizes,
     )
 
 
@@ -161,8 +199,7 @@ def _update_program(s, a: Abstract, mesh, packed: bool) -> Program:
             prior = replicated_shapes(like, mesh)
         plan = None
         if packed:
-            rows = jax.ShapeDtypeStruct((n * g,), jnp.int32)
-            plan = replicated_shapes(PackPlan(rows, rows, rows), mesh)
+            plan = replicated_shapes(empty_plan(n * g), mesh)
         return update.trace(a.state, a.batch, valid, prior, plan)
 
     teacher = ("teacher",) if cfg.opd is not None else ()
@@ -174,17 +211,17 @@ def _update_program(s, a: Abstract, mesh, packed: bool) -> Program:
     )
 
 
-def _ds_program(s, mesh, tp: int) -> Program:
-    g, tn = s.rollout.group_size, s.rollout.max_new_tokens
-    rule = collect_config(s).keep
-    capacity = s.rl.train_prompts
-    buffer = jax.eval_shape(lambda: ds_empty_buffer(GroupBatch.zeros(1, g, tp, tn), capacity))
-    items_n = s.round_size
-    items = batch_split(jax.eval_shape(lambda: GroupBatch.zeros(items_n, g, tp, tn)), mesh)
+def _ds_program(s, a: Abstract, mesh) -> Program:
+    """`Collector.add_finished`: one batch the engine returns into the step's buffer."""
+    collect = collect_config(s)
+    buffer = jax.eval_shape(lambda: empty_pending(a.engine, collect.capacity))
+    items_n = a.engine.return_size
+    items = batch_split(jax.eval_shape(lambda: groups_like(a.engine, items_n)), mesh)
     valid = jax.ShapeDtypeStruct((items_n,), jnp.bool_, sharding=replicated(mesh))
+    rule = collect.keep
     fn = jitted_add_finished()
     buf = replicated_shapes(buffer, mesh)
-    return Program("ds_round", True, lambda: fn.trace(buf, items, valid, rule))
+    return Program("ds_round", True, lambda: fn.trace(buf, items, valid, rule=rule))
 
 
 def _generate_program(name, a: Abstract, mc, gen: GenerateConfig, prompts: int, tp, mesh, used):
@@ -212,7 +249,8 @@ def _continuous_programs(s, a: Abstract, mc, gen: GenerateConfig, tp, mesh, used
     n_a, g = sc.admit_prompts, gen.num_samples
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))  # noqa: E731
     keys = replicated_shapes(jax.eval_shape(lambda: prompt_keys(jax.random.key(0), n_a)), mesh)
-    admit = (rep((n_a, tp), jnp.int32), rep((n_a,), jnp.int32), rep((n_a, g), jnp.int32), keys)
+    host = admission_arrays(sc, g, gen.pad_id)
+    admit = (*(rep(x.shape, x.dtype) for x in host), keys)
 
     def trace_admit():
         return continuous.admit_groups.trace(a.graphdef, a.params, slots, *admit, gen=gen)
@@ -251,7 +289,7 @@ def run_programs(
     programs = [
         _update_program(s, a, mesh, packed=True),
         _update_program(s, a, mesh, packed=False),
-        _ds_program(s, mesh, prompt_len),
+        _ds_program(s, a, mesh),
         _generate_program("sampler", a, mc, gen, s.round_size, prompt_len, mesh, static),
         _generate_program(
             "eval_generate", a, mc, eval_gen, s.eval.prompts_per_call, prompt_len, mesh, static

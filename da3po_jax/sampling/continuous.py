@@ -367,10 +367,7 @@ class SlotDecoder:
     def _admit(self, params) -> None:
         sc, g, n = self.sc, self.group_size, self.gen.max_new_tokens
         take = min(len(self._queue), len(self._free) // g, sc.admit_prompts)
-        width = sc.prompt_len
-        tokens = np.full((sc.admit_prompts, width), self.gen.pad_id, np.int32)
-        lengths = np.ones((sc.admit_prompts,), np.int32)
-        slot_ids = np.full((sc.admit_prompts, g), sc.slots, np.int32)
+        tokens, lengths, slot_ids = admission_arrays(sc, g, self.gen.pad_id)
         keys = []
         for a in range(take):
             tag, ids, key = self._queue.popleft()
@@ -416,6 +413,16 @@ class SlotDecoder:
 
 
 GROUP_BUFFERS = ("tokens", "logp", "sample_logp", "lengths", "truncated", "version")
+
+
+def admission_arrays(sc: SlotConfig, group_size: int, pad_id: int):
+    """The host arrays of one admission call (`admit_groups`), empty: prompt tokens
+    [A, Tp] (pad), prompt lengths [A] (1) and the slots of each prompt's G rows [A, G]
+    (S: no slot); `SlotDecoder` fills the first prompts, the compile planner reads the
+    shapes."""
+    a = sc.admit_prompts
+    tokens = np.full((a, sc.prompt_len), pad_id, np.int32)
+    return tokens, np.ones((a,), np.int32), np.full((a, group_size), sc.slots, np.int32)
 
 
 def stack_groups(groups: Sequence[FinishedGroup]) -> dict[str, np.ndarray]:

@@ -105,9 +105,8 @@ def plan_packing(seq_lens: np.ndarray, cfg: PackConfig, mini_batch_rows: int) ->
             f"response row {r}: its sequence of {seq_lens[r]} tokens (prompt + response) "
             f"does not fit the pack length {cfg.length}"
         )
-    micro = np.full(seq_lens.shape, -1, np.int32)
-    row = np.zeros(seq_lens.shape, np.int32)
-    offset = np.zeros(seq_lens.shape, np.int32)
+    plan = empty_plan(seq_lens.size)
+    micro, row, offset = plan.micro, plan.row, plan.offset
     for start in range(0, seq_lens.size, mini_batch_rows):
         lens = seq_lens[start : start + mini_batch_rows]
         fill: list[int] = []  # tokens used in each packed row so far
@@ -119,7 +118,17 @@ def plan_packing(seq_lens: np.ndarray, cfg: PackConfig, mini_batch_rows: int) ->
             micro[start + i], row[start + i] = divmod(k, cfg.rows)
             offset[start + i] = fill[k]
             fill[k] += int(lens[i])
-    return PackPlan(micro=micro, row=row, offset=offset)
+    return plan
+
+
+def empty_plan(num_rows: int) -> PackPlan:
+    """A plan of `num_rows` response rows, none packed (numpy int32 [R] arrays, which
+    `plan_packing` fills; the compile planner reads the shapes)."""
+    return PackPlan(
+        micro=np.full((num_rows,), -1, np.int32),
+        row=np.zeros((num_rows,), np.int32),
+        offset=np.zeros((num_rows,), np.int32),
+    )
 
 
 @struct.dataclass
