@@ -397,7 +397,7 @@ def suite_packing(args) -> dict:
         nonlocal state
         start = time.perf_counter()
         state, metrics = jax.block_until_ready(
-            compiled[name](state, batch, valid, None, None, None, modes[name][1])
+            compiled[name](state, UpdateBatch(batch, valid, plan=modes[name][1]))
         )
         report[name][key].append(time.perf_counter() - start)
         log(f"packing: {name} {report[name][key][-1]:.1f} s")

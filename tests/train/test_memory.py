@@ -22,11 +22,12 @@ from da3po_jax.config import resolve_settings
 from da3po_jax.models import get_preset, init_model
 from da3po_jax.parallel import make_mesh
 from da3po_jax.plan import plan_memory, plan_settings
-from da3po_jax.rollout import GroupBatch, PromptEncoder
+from da3po_jax.rollout import PromptEncoder
 from da3po_jax.run.build import build_trainer
 from da3po_jax.run.context import RunContext
 from da3po_jax.run.inputs import load_datasets, policy_model, prompt_renderer, tokenizer_for
 from da3po_jax.sampling import GenerateConfig, Sampler
+from da3po_jax.update import UpdateBatch
 
 
 class LiveBytes:
@@ -64,11 +65,11 @@ def _nbytes(tree) -> int:
 def test_sampler_keeps_one_cache_and_clear_deletes_it():
     model = init_model(get_preset("tiny-qwen2"), seed=0)
     graphdef, state = nnx.split(model)
-    sampler = Sampler(graphdef, model.cfg, GenerateConfig(num_samples=2, max_new_tokens=5))
-    short = left_padded_batch(model.cfg.vocab_size, (8, 3, 5), seed=0)  # [3, 8]
-    again = left_padded_batch(model.cfg.vocab_size, (2, 8, 6), seed=1)  # same bucket
+    sampler = Sampler(graphdef, model.config, GenerateConfig(num_samples=2, max_new_tokens=5))
+    short = left_padded_batch(model.config.vocab_size, (8, 3, 5), seed=0)  # [3, 8]
+    again = left_padded_batch(model.config.vocab_size, (2, 8, 6), seed=1)  # same bucket
     # [3, 130]: past the 128 slots the cache length is rounded up to, a longer cache
-    long = left_padded_batch(model.cfg.vocab_size, (130, 4, 9), seed=2)
+    long = left_padded_batch(model.config.vocab_size, (130, 4, 9), seed=2)
     live = LiveBytes()
 
     sampler.generate(state, *short, seed=0)
@@ -95,7 +96,7 @@ def test_sampler_keeps_one_cache_and_clear_deletes_it():
     assert live() == 0
 
     with pytest.raises(ValueError, match="max_caches=0"):
-        Sampler(graphdef, model.cfg, sampler.config, max_caches=0)
+        Sampler(graphdef, model.config, sampler.config, max_caches=0)
 
 
 def _micro_trainer(tmp_path, engine: str):
@@ -165,7 +166,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
         at_update["bytes"] = live()
         at_update["shapes"] = {x.shape for x in live.arrays()}
         at_update["held"] = held_now()[1]
-        at_update["batch"] = sum(_nbytes(a) for a in args if isinstance(a, GroupBatch))
+        at_update["batch"] = sum(_nbytes(a.batch) for a in args if isinstance(a, UpdateBatch))
         return update(*args, **kwargs)
 
     trainer.update.fn = measuring_update
