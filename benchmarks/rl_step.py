@@ -118,7 +118,7 @@ def run(args, engine: str) -> dict:
         "benchmark": "rl_step",
         "engine": engine,
         "preset": c.model.preset,
-        "params": model.cfg.num_params(),
+        "params": model.config.num_params(),
         "algo": args.algo,
         "prompts_x_samples": f"{args.prompts}x{args.group_size}",
         "max_new_tokens": args.max_new_tokens,

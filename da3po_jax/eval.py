@@ -31,12 +31,15 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from da3po_jax.cli import setup_logging
+
+if TYPE_CHECKING:  # the command imports the package's layers when it runs
+    from da3po_jax.config import Settings
 
 log = logging.getLogger("da3po_jax.eval")
 
@@ -123,7 +126,7 @@ def default_out(source: Source, step: int | None = None) -> str:
     return os.path.join(source.workdir, "eval", f"step_{step}")
 
 
-def load_policy(s, source: Source, mesh, dtype: str = ""):
+def load_policy(settings: Settings, source: Source, mesh, dtype: str = ""):
     """(step, tokenizer, policy) of `source`, sharded over `mesh`; step None for a folder.
     A folder loads in the settings' model dtypes (which `dtype` has set), a run's
     checkpoint in the run's own unless `dtype` is given."""
@@ -132,9 +135,11 @@ def load_policy(s, source: Source, mesh, dtype: str = ""):
     from da3po_jax.run.saved_run import read_run_config, restore_policy
 
     if source.folder:
-        tokenizer = Tokenizer.load(s.tokenizer.path or source.folder)
+        tokenizer = Tokenizer.load(settings.tokenizer.path or source.folder)
         log.info("loading %s", source.folder)
-        policy = policy_model(s.model, tokenizer, seed=s.seed, path=source.folder, mesh=mesh)
+        policy = policy_model(
+            settings.model, tokenizer, seed=settings.seed, path=source.folder, mesh=mesh
+        )
         return None, tokenizer, policy
     run = read_run_config(source.workdir)
     tokenizer = Tokenizer.load(tokenizer_dir(run, source.workdir))
@@ -156,32 +161,32 @@ def run_eval(
     from da3po_jax.run.saved_run import flag_path
 
     source = resolve_checkpoint(_step_shorthand(flag_path("checkpoint", checkpoint)))
-    s = eval_config(config, source, dtype, group_by)
-    data = load_datasets(s.data, s.seed)
-    problems = data.heldout[: s.eval.max_prompts or None]
+    settings = eval_config(config, source, dtype, group_by)
+    data = load_datasets(settings.data, settings.seed)
+    problems = data.heldout[: settings.eval.max_prompts or None]
     if not problems:
         raise EvalError("the config has no held-out problems (data.eval_path / synthetic_eval)")
-    check_group_by(problems, s.eval.group_by)
+    check_group_by(problems, settings.eval.group_by)
     if out:
         _check_out(os.path.abspath(out), source, overwrite)
-    mesh = make_mesh(s.mesh.shape)
+    mesh = make_mesh(settings.mesh.shape)
     t0 = time.perf_counter()
-    step, tokenizer, policy = load_policy(s, source, mesh, dtype)
+    step, tokenizer, policy = load_policy(settings, source, mesh, dtype)
     out = os.path.abspath(out or default_out(source, step))
     _check_out(out, source, overwrite)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows, render = _generate(s, out, tokenizer, data, mesh, policy, step)
+    rows, render = _generate(settings, out, tokenizer, data, mesh, policy, step)
     seconds = time.perf_counter() - t1
-    k = s.eval.num_samples
+    k = settings.eval.num_samples
     report = {
         "checkpoint": source.folder or source.workdir,
         "step": step,
         "k": k,
-        "group_by": s.eval.group_by,
+        "group_by": settings.eval.group_by,
         "num_prompts": len(problems),
-        "metrics": summarize(rows, k, s.eval.group_by),
-        "settings": _report_settings(s, policy, mesh),
+        "metrics": summarize(rows, k, settings.eval.group_by),
+        "settings": _report_settings(settings, policy, mesh),
         "seconds": {"load": round(load_s, 3), "generate_and_score": round(seconds, 3)},
         "out": out,
     }
@@ -190,7 +195,7 @@ def run_eval(
     return report
 
 
-def _generate(s, out: str, tokenizer, data, mesh, policy, step):
+def _generate(settings: Settings, out: str, tokenizer, data, mesh, policy, step):
     """(every held-out problem's `EvalRow` with its tokens, the prompt renderer), sampled
     with the keys of the training loop's eval at `step` (a model folder: step 0)."""
     import jax
@@ -201,33 +206,33 @@ def _generate(s, out: str, tokenizer, data, mesh, policy, step):
     from da3po_jax.run.evaluation import generate
     from da3po_jax.run.inputs import generate_configs
 
-    gen = generate_configs(s, tokenizer)[1]
-    with open_context(s, out, tokenizer, data, mesh) as ctx:
+    gen = generate_configs(settings, tokenizer)[1]
+    with open_context(settings, out, tokenizer, data, mesh) as ctx:
         problems = heldout_problems(ctx)
         graphdef, params = nnx.split(policy)
-        engine = eval_engine(ctx, graphdef, policy.cfg, gen, problems)
+        engine = eval_engine(ctx, graphdef, policy.config, gen, problems)
         log.info(
             "evaluating %d prompts x %d samples on %d devices",
             len(problems),
             gen.num_samples,
             mesh.size,
         )
-        rng = jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), step or 0)
+        rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed + 1), step or 0)
         rows = generate(engine, params, problems, rng, keep_tokens=True, desc="eval")
         return rows, ctx.encoder.render
 
 
-def _report_settings(s, policy, mesh) -> dict[str, Any]:
+def _report_settings(settings: Settings, policy, mesh) -> dict[str, Any]:
     """The settings that decide the report's numbers."""
     return {
-        "temperature": s.eval.temperature,
-        "top_p": s.eval.top_p,
-        "max_new_tokens": s.eval_max_new_tokens,
-        "param_dtype": policy.cfg.param_dtype,
-        "dtype": policy.cfg.dtype,
+        "temperature": settings.eval.temperature,
+        "top_p": settings.eval.top_p,
+        "max_new_tokens": settings.eval_max_new_tokens,
+        "param_dtype": policy.config.param_dtype,
+        "dtype": policy.config.dtype,
         "mesh": dict(mesh.shape),
-        "verifier": s.reward.verifier,
-        "template": s.data.template,
+        "verifier": settings.reward.verifier,
+        "template": settings.data.template,
     }
 
 

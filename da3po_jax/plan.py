@@ -67,19 +67,10 @@ DEVICE_BACKEND: dict[str, str] = {"h100": "gpu", "h200": "gpu"} | {
 }
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_COMPONENTS = (
-    "params",
-    "optimizer",
-    "grads",
-    "reference",
-    "teacher",
-    "batch",
-    "gathered",
-    "kv_cache",
-    "decode_weights",
-    "rollout_work",
-    "activations",
-    "update_work",
+# the components a plan reports, in its table's order
+_COMPONENTS = tuple(
+    "params optimizer grads reference teacher batch gathered kv_cache decode_weights "
+    "rollout_work activations update_work".split()
 )
 
 
@@ -160,9 +151,9 @@ def tree_nbytes(tree: Any, mesh: AbstractMesh) -> int:
     return sum(sharded_nbytes(p, x.shape, x.dtype.itemsize, mesh) for p, x in leaves)
 
 
-def abstract_params(model_cfg: ModelConfig) -> Any:
+def abstract_params(model_config: ModelConfig) -> Any:
     """The policy's parameter `nnx.State` as shapes only (no memory allocated)."""
-    return abstract_model(model_cfg)[1]
+    return abstract_model(model_config)[1]
 
 
 def plan_settings(config: Any) -> Settings:
@@ -193,16 +184,16 @@ def group_buffer_nbytes(g: int, tp: int, tn: int, capacity: int, devs: int = 1, 
 class _Run:
     """The shapes the estimates read: settings, mesh, model, device, prompt length."""
 
-    s: Settings
+    settings: Settings
     mesh: AbstractMesh
-    mc: ModelConfig
+    model_config: ModelConfig
     device: str
     tp: int
 
     @functools.cached_property
     def params(self) -> Any:
         """The policy's parameters as shapes (`abstract_params`), built once per plan."""
-        return abstract_params(self.mc)
+        return abstract_params(self.model_config)
 
     @property
     def batch_devs(self) -> int:
@@ -210,177 +201,187 @@ class _Run:
 
     @property
     def cbytes(self) -> int:
-        return _BYTES[self.mc.dtype]
+        return _BYTES[self.model_config.dtype]
 
     @property
     def heads_dev(self) -> int:
-        return _div(self.mc.num_heads, self.mesh.shape["tensor"])
+        return _div(self.model_config.num_heads, self.mesh.shape["tensor"])
 
     @property
     def kv_dev(self) -> int:
-        return _div(self.mc.num_kv_heads, self.mesh.shape["tensor"])
+        return _div(self.model_config.num_kv_heads, self.mesh.shape["tensor"])
+
+    @property
+    def kv_token_bytes(self) -> int:
+        """Keys and values of one cached token of one row, every layer, per device."""
+        m = self.model_config
+        return 2 * m.num_layers * self.kv_dev * m.head_dim * self.cbytes
 
     @property
     def attention(self) -> str:
         """The kernel `model.attention` resolves to on this device kind."""
         backend = DEVICE_BACKEND.get(self.device, "cpu")
-        return resolve_impl(self.s.model.attention, backend, self.mc.dtype, self.mc.head_dim)
+        m = self.model_config
+        return resolve_impl(self.settings.model.attention, backend, m.dtype, m.head_dim)
 
 
-def _attention_bytes(r: _Run, rows: int, seq: int) -> int:
+def _attention_bytes(run: _Run, rows: int, seq: int) -> int:
     """Attention work of `rows` sequences of `seq` tokens: the naive path's f32 scores
     and probs [rows, heads, seq, seq]; a blockwise kernel's one block of them (x2 for the
     backward's dS, dP) and its per-query statistics; cuDNN's is blockwise too, but it
     takes the segment rule as a [rows, 1, seq, seq] bool mask that it turns into a
     compute-dtype bias (`models.attention.cudnn_arguments`), O(T^2)."""
-    impl, cb = r.attention, r.cbytes
+    impl, cb = run.attention, run.cbytes
     if impl == "naive":
-        return rows * r.heads_dev * seq * seq * (4 + cb)
-    block = min(r.s.model.attention_block, seq)
-    blockwise = rows * r.heads_dev * (2 * block * block * (4 + cb) + seq * 4 * 3)
+        return rows * run.heads_dev * seq * seq * (4 + cb)
+    block = min(run.settings.model.attention_block, seq)
+    blockwise = rows * run.heads_dev * (2 * block * block * (4 + cb) + seq * 4 * 3)
     return blockwise + (rows * seq * seq * (1 + cb) if impl == "cudnn" else 0)
 
 
-def _cache_bytes(r: _Run, prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
+def _cache_bytes(run: _Run, prompts: int, samples: int, new_tokens: int) -> tuple[int, int, int]:
     """(KV cache, rollout work, cache slots) of a static sampler call of `prompts` x
     `samples` rows."""
-    mc, cb, tp = r.mc, r.cbytes, r.tp
-    rows_dev = _div(prompts, r.batch_devs) * samples
+    cb, tp, vocab = run.cbytes, run.tp, run.model_config.vocab_size
+    rows_dev = _div(prompts, run.batch_devs) * samples
     slots = cache_length(tp, new_tokens)
-    kv = 2 * mc.num_layers * rows_dev * slots * r.kv_dev * mc.head_dim * cb + rows_dev * slots
-    p_dev = _div(prompts, r.batch_devs)
-    small = 2 * mc.num_layers * p_dev * tp * r.kv_dev * mc.head_dim * cb
-    prefill_attn = _attention_bytes(r, p_dev, tp)
-    decode = rows_dev * mc.vocab_size * 4 * 3 + rows_dev * r.heads_dev * slots * (4 + cb)
+    kv = run.kv_token_bytes * rows_dev * slots + rows_dev * slots
+    p_dev = _div(prompts, run.batch_devs)
+    small = run.kv_token_bytes * p_dev * tp
+    prefill_attn = _attention_bytes(run, p_dev, tp)
+    decode = rows_dev * vocab * 4 * 3 + rows_dev * run.heads_dev * slots * (4 + cb)
     loop = rows_dev * new_tokens * 12
     return kv, small + max(prefill_attn, decode) + loop, slots
 
 
-def _slot_bytes(r: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
+def _slot_bytes(run: _Run, samples: int, new_tokens: int) -> tuple[int, int, int]:
     """The continuous engine: S slots of ceil((Tp + N - 1) / block) blocks each (with
     `rollout.partial_kv = "keep"` kept through the update too)."""
-    mc, cb, tp, ro = r.mc, r.cbytes, r.tp, r.s.rollout
-    block = ro.attention_block
-    rows_dev = _div(ro.slots, r.batch_devs)
+    cb, tp, rollout = run.cbytes, run.tp, run.settings.rollout
+    block, vocab = rollout.attention_block, run.model_config.vocab_size
+    rows_dev = _div(rollout.slots, run.batch_devs)
     slots = -(-(tp + new_tokens - 1) // block) * block
-    kv = 2 * mc.num_layers * rows_dev * slots * r.kv_dev * mc.head_dim * cb
-    p_dev = max(1, ro.slots // samples)  # one admission's prompts
-    small = 2 * mc.num_layers * p_dev * tp * r.kv_dev * mc.head_dim * cb
-    prefill_attn = _attention_bytes(r, p_dev, tp)
-    decode = rows_dev * mc.vocab_size * 4 * 3 + rows_dev * r.heads_dev * block * (4 + cb) * 2
+    kv = run.kv_token_bytes * rows_dev * slots
+    p_dev = max(1, rollout.slots // samples)  # one admission's prompts
+    small = run.kv_token_bytes * p_dev * tp
+    prefill_attn = _attention_bytes(run, p_dev, tp)
+    decode = rows_dev * vocab * 4 * 3 + rows_dev * run.heads_dev * block * (4 + cb) * 2
     return kv, small + max(prefill_attn, decode) + rows_dev * new_tokens * 12, slots
 
 
-def _weight_bytes(r: _Run, mesh: AbstractMesh) -> tuple[int, int]:
+def _weight_bytes(run: _Run, mesh: AbstractMesh) -> tuple[int, int]:
     """(the 2-D weights in the compute dtype, the rest in their own dtype): per-device
     bytes of the policy's parameters split as the rules place them on `mesh`. The model
     casts each 2-D weight to the compute dtype where it uses it."""
     cast = rest = 0
-    for path, x in jax.tree_util.tree_leaves_with_path(r.params):
+    for path, x in jax.tree_util.tree_leaves_with_path(run.params):
         if x.ndim >= 2:
-            cast += sharded_nbytes(path, x.shape, r.cbytes, mesh)
+            cast += sharded_nbytes(path, x.shape, run.cbytes, mesh)
         else:
             rest += sharded_nbytes(path, x.shape, x.dtype.itemsize, mesh)
     return cast, rest
 
 
-def _decode_weights(r: _Run) -> int:
+def _decode_weights(run: _Run) -> int:
     """What a generate call holds of the weights when it reads its own gathered copy
     (`rollout.gather_weights`, `sampling.sampler.decode_weights`; more than one device):
     the weights gathered over data x fsdp (2-D ones in the compute dtype, split over
     `tensor` only), plus each device's shard cast to the compute dtype before the
     all-gather (XLA casts them all before the gathers it overlaps)."""
-    if not r.s.rollout.gather_weights or r.mesh.size == 1:
+    if not run.settings.rollout.gather_weights or run.mesh.size == 1:
         return 0
-    gathered = sum(_weight_bytes(r, abstract_mesh((1, 1, r.mesh.shape["tensor"]))))
-    return gathered + _weight_bytes(r, r.mesh)[0]
+    gathered = sum(_weight_bytes(run, abstract_mesh((1, 1, run.mesh.shape["tensor"]))))
+    return gathered + _weight_bytes(run, run.mesh)[0]
 
 
-def _rollout_phase(r: _Run) -> dict[str, int]:
+def _rollout_phase(run: _Run) -> dict[str, int]:
     """The larger of the rollout and eval caches with its work buffers, and the rows and
     slots of each (the continuous engine's slots serve rollout and eval alike)."""
-    s = r.s
-    g, tn = s.rollout.group_size, s.rollout.max_new_tokens
-    eval_g, eval_tn = s.eval.num_samples, s.eval_max_new_tokens
-    if s.rollout.engine == "continuous":
-        roll, ev = _slot_bytes(r, g, tn), _slot_bytes(r, eval_g, eval_tn)
-        rows = {"rollout_rows": s.rollout.slots, "eval_rows": s.rollout.slots}
+    settings = run.settings
+    rollout, per_call = settings.rollout, settings.eval.prompts_per_call
+    g, tn = rollout.group_size, rollout.max_new_tokens
+    eval_g, eval_tn = settings.eval.num_samples, settings.eval_max_new_tokens
+    if rollout.engine == "continuous":
+        roll, ev = _slot_bytes(run, g, tn), _slot_bytes(run, eval_g, eval_tn)
+        rows = {"rollout_rows": rollout.slots, "eval_rows": rollout.slots}
     else:
-        roll = _cache_bytes(r, s.round_size, g, tn)
-        ev = _cache_bytes(r, s.eval.prompts_per_call, eval_g, eval_tn)
-        rows = {"rollout_rows": s.round_size * g, "eval_rows": s.eval.prompts_per_call * eval_g}
+        roll = _cache_bytes(run, settings.round_size, g, tn)
+        ev = _cache_bytes(run, per_call, eval_g, eval_tn)
+        rows = {"rollout_rows": settings.round_size * g, "eval_rows": per_call * eval_g}
     kv, work, _ = roll if roll[0] >= ev[0] else ev
     return {
         "kv_cache": kv,
-        "decode_weights": _decode_weights(r),
+        "decode_weights": _decode_weights(run),
         "rollout_work": work,
         "rollout_slots": roll[2],
         "eval_slots": ev[2],
     } | rows
 
 
-def _train_phase(r: _Run) -> dict[str, int]:
+def _train_phase(run: _Run) -> dict[str, int]:
     """Activations of one train micro-batch (packed: pack_rows x pack_length) and the
     micro-batch's shape (see the module docstring)."""
-    s, mc, cb = r.s, r.mc, r.cbytes
-    g, h, tn = s.rollout.group_size, mc.hidden_size, s.rollout.max_new_tokens
-    mb_rows = s.rl.mini_batch_prompts * g
-    if s.rl.packing:
-        micro_rows, seq = s.rl.pack_rows, s.rl.pack_length or r.tp + tn
+    rl, model_config, cb = run.settings.rl, run.model_config, run.cbytes
+    g, tn = run.settings.rollout.group_size, run.settings.rollout.max_new_tokens
+    h = model_config.hidden_size
+    mb_rows = rl.mini_batch_prompts * g
+    if rl.packing:
+        micro_rows, seq = rl.pack_rows, rl.pack_length or run.tp + tn
     else:
-        micro_rows, seq = (s.rl.micro_batch_prompts or s.rl.mini_batch_prompts) * g, r.tp + tn
-    b = _div(micro_rows, r.batch_devs)
-    k_noremat = 8 + 4 * mc.intermediate_size / h
-    layer_full = b * seq * h * cb * k_noremat + _attention_bytes(r, b, seq)
-    if mc.remat:
-        saved = mc.num_layers * b * seq * h * cb + 2 * layer_full
+        micro_rows, seq = (rl.micro_batch_prompts or rl.mini_batch_prompts) * g, run.tp + tn
+    b = _div(micro_rows, run.batch_devs)
+    k_noremat = 8 + 4 * model_config.intermediate_size / h
+    layer_full = b * seq * h * cb * k_noremat + _attention_bytes(run, b, seq)
+    if model_config.remat:
+        saved = model_config.num_layers * b * seq * h * cb + 2 * layer_full
     else:
-        saved = mc.num_layers * layer_full + layer_full
-    logits_block = b * min(mc.logits_chunk, seq) * mc.vocab_size * 4 * 3
+        saved = model_config.num_layers * layer_full + layer_full
+    logits_block = b * min(model_config.logits_chunk, seq) * model_config.vocab_size * 4 * 3
     # packed: the mini-batch's [rows, Tp + Tn] scatter indices and the [rows, Tn] f32
     # log-probs, entropies, loss terms and their gradients the loss reads back
-    pack_work = 12 * _div(mb_rows, r.batch_devs) * (r.tp + tn) * 4 if s.rl.packing else 0
+    pack_work = 12 * _div(mb_rows, run.batch_devs) * (run.tp + tn) * 4 if rl.packing else 0
     activations = int(saved + logits_block + 2 * b * seq * h * 4 + pack_work)
     shape = {"micro_rows": micro_rows, "b": b, "seq": seq}
-    return {"activations": activations, "update_work": _update_work(r)} | shape
+    return {"activations": activations, "update_work": _update_work(run)} | shape
 
 
-def _update_work(r: _Run) -> int:
+def _update_work(run: _Run) -> int:
     """The update's other buffers (exact): each device's 2-D weights cast to the compute
     dtype (XLA hoists the casts out of the micro-batch loop), and under FSDP the
     unembedding's gradient whole over fsdp (each device forms the gradient of the
     gathered weight before its reduce-scatter), split over tensor."""
-    mc = r.mc
-    work = _weight_bytes(r, r.mesh)[0] if mc.param_dtype != mc.dtype else 0
-    if r.mesh.shape["fsdp"] > 1:
-        vocab = _div(mc.vocab_size, r.mesh.shape["tensor"])
-        work += vocab * mc.hidden_size * _BYTES[mc.param_dtype]
+    model_config = run.model_config
+    work = _weight_bytes(run, run.mesh)[0] if model_config.param_dtype != model_config.dtype else 0
+    if run.mesh.shape["fsdp"] > 1:
+        vocab = _div(model_config.vocab_size, run.mesh.shape["tensor"])
+        work += vocab * model_config.hidden_size * _BYTES[model_config.param_dtype]
     return work
 
 
-def _resident(r: _Run) -> dict[str, Any]:
+def _resident(run: _Run) -> dict[str, Any]:
     """Exact bytes from the sharding rules: parameters, optimizer state, gradients, the
     reference and teacher copies; and the batch buffers and FSDP all-gathers."""
-    s, mc = r.s, r.mc
-    params_abs = r.params
-    params = tree_nbytes(params_abs, r.mesh)
-    tx, _ = make_optimizer(s.optim, max(s.train.steps, 1))
-    teacher, teacher_name = 0, s.teacher.path or s.teacher.preset
-    tcfg = teacher_config(s, mc)
-    if tcfg is not None:
-        teacher = tree_nbytes(abstract_params(tcfg), r.mesh)
-    g, tn, devs = s.rollout.group_size, s.rollout.max_new_tokens, r.batch_devs
-    stale = bool(s.rollout.max_staleness)
-    batch = group_buffer_nbytes(g, r.tp, tn, s.rl.train_prompts, devs, stale)
-    batch += group_buffer_nbytes(g, r.tp, tn, s.surplus_capacity, devs, stale)
-    v_h = mc.vocab_size * mc.hidden_size
-    layer_params = (mc.num_params() - v_h * (1 if mc.tie_word_embeddings else 2)) // mc.num_layers
-    gathered = 2 * max(layer_params, v_h) * r.cbytes if r.mesh.shape["fsdp"] > 1 else 0
+    settings, model_config = run.settings, run.model_config
+    params_abs = run.params
+    params = tree_nbytes(params_abs, run.mesh)
+    tx, _ = make_optimizer(settings.optim, max(settings.train.steps, 1))
+    teacher, teacher_name = 0, settings.teacher.path or settings.teacher.preset
+    teacher_model_config = teacher_config(settings, model_config)
+    if teacher_model_config is not None:
+        teacher = tree_nbytes(abstract_params(teacher_model_config), run.mesh)
+    g, tn, devs = settings.rollout.group_size, settings.rollout.max_new_tokens, run.batch_devs
+    stale = bool(settings.rollout.max_staleness)
+    batch = group_buffer_nbytes(g, run.tp, tn, settings.rl.train_prompts, devs, stale)
+    batch += group_buffer_nbytes(g, run.tp, tn, settings.surplus_capacity, devs, stale)
+    v_h = model_config.vocab_size * model_config.hidden_size
+    embeddings = v_h * (1 if model_config.tie_word_embeddings else 2)
+    layer_params = (model_config.num_params() - embeddings) // model_config.num_layers
+    gathered = 2 * max(layer_params, v_h) * run.cbytes if run.mesh.shape["fsdp"] > 1 else 0
     return {
         "params": params,
-        "optimizer": tree_nbytes(jax.eval_shape(tx.init, params_abs), r.mesh),
+        "optimizer": tree_nbytes(jax.eval_shape(tx.init, params_abs), run.mesh),
         "grads": 2 * params,
-        "reference": params if s.loss.kl_coef > 0 else 0,
+        "reference": params if settings.loss.kl_coef > 0 else 0,
         "teacher": teacher,
         "teacher_name": teacher_name,
         "batch": batch,
@@ -396,24 +397,24 @@ def _device_bytes(device: str, device_gib: float | None) -> int:
     return int(device_gib * GiB)
 
 
-def _info(r: _Run, res: dict, roll: dict, train: dict) -> dict[str, Any]:
+def _info(run: _Run, res: dict, roll: dict, train: dict) -> dict[str, Any]:
     """What the plan is of (model, mesh, device, engine, attention, packing) and the shapes
     it counted (rows and slots of the caches, the train micro-batch)."""
-    s, mc = r.s, r.mc
+    settings, model_config = run.settings, run.model_config
     return {
-        "model": s.model.path or s.model.preset,
-        "num_params": mc.num_params(),
-        "param_dtype": mc.param_dtype,
-        "dtype": mc.dtype,
-        "remat": mc.remat,
+        "model": settings.model.path or settings.model.preset,
+        "num_params": model_config.num_params(),
+        "param_dtype": model_config.param_dtype,
+        "dtype": model_config.dtype,
+        "remat": model_config.remat,
         "teacher": res["teacher_name"],
-        "mesh": list(r.mesh.axis_sizes),
-        "device": r.device,
-        "prompt_len": r.tp,
-        "engine": s.rollout.engine,
+        "mesh": list(run.mesh.axis_sizes),
+        "device": run.device,
+        "prompt_len": run.tp,
+        "engine": settings.rollout.engine,
         **{k: roll[k] for k in ("rollout_rows", "rollout_slots", "eval_rows", "eval_slots")},
-        "attention": r.attention,
-        "packing": s.rl.packing,
+        "attention": run.attention,
+        "packing": settings.rl.packing,
         "micro_rows": train["micro_rows"],
         "micro_rows_per_device": train["b"],
         "seq_len": train["seq"],
@@ -421,7 +422,7 @@ def _info(r: _Run, res: dict, roll: dict, train: dict) -> dict[str, Any]:
 
 
 def plan_memory(
-    s: Settings,
+    settings: Settings,
     mesh_shape: tuple[int, ...] | None = None,
     num_devices: int = 8,
     *,
@@ -430,7 +431,7 @@ def plan_memory(
     prompt_len: int | None = None,
     usable: float = 0.9,
 ) -> MemoryPlan:
-    """Plans per-device memory of the RL run of settings `s` (`plan_settings` of a
+    """Plans per-device memory of the RL run of `settings` (`plan_settings` of a
     recipe; see the module docstring for what is counted).
 
     Args:
@@ -443,22 +444,23 @@ def plan_memory(
     Raises:
       ValueError: naming `config.mesh.shape` for a bad mesh, or an unknown device.
     """
+    rollout, asked = settings.rollout, settings.mesh.shape if mesh_shape is None else mesh_shape
     try:
-        shape = resolve_mesh_shape(s.mesh.shape if mesh_shape is None else mesh_shape, num_devices)
+        shape = resolve_mesh_shape(asked, num_devices)
     except ValueError as e:
         raise ValueError(f"config.{e}") from None
     device_bytes = _device_bytes(device, device_gib)
-    mc = policy_config(s)
-    r = _Run(s, abstract_mesh(shape), mc, device, int(prompt_len or max(s.rollout.prompt_buckets)))
-    res, roll, train = _resident(r), _rollout_phase(r), _train_phase(r)
+    tp = int(prompt_len or max(rollout.prompt_buckets))
+    run = _Run(settings, abstract_mesh(shape), policy_config(settings), device, tp)
+    res, roll, train = _resident(run), _rollout_phase(run), _train_phase(run)
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
     resident += res["gathered"]
     rollout_phase = roll["kv_cache"] + roll["decode_weights"] + roll["rollout_work"]
     train_phase = res["grads"] + train["activations"] + train["update_work"]
-    if s.rollout.max_staleness and s.rollout.partial_kv == "keep":  # slots kept in the update
-        train_phase += _slot_bytes(r, s.rollout.group_size, s.rollout.max_new_tokens)[0]
+    if rollout.max_staleness and rollout.partial_kv == "keep":  # slots kept in the update
+        train_phase += _slot_bytes(run, rollout.group_size, rollout.max_new_tokens)[0]
     peak = resident + max(rollout_phase, train_phase)
-    info = _info(r, res, roll, train)
+    info = _info(run, res, roll, train)
     info.update(rollout_phase=rollout_phase, train_phase=train_phase)
     components = {k: res[k] for k in _COMPONENTS if k in res}
     components.update({k: roll[k] for k in ("kv_cache", "decode_weights", "rollout_work")})
@@ -572,12 +574,13 @@ def compile_main(config: Any, name: str, prompt_len: int | None, as_json: bool, 
     progress = functools.partial(print, file=sys.stderr, flush=True)
     topo = aot.topology(name)
     devices = aot.devices_for(topo)  # first: JAX must start on the CPU platform
-    s = plan_settings(config)
+    settings = plan_settings(config)
     plan = plan_memory(
-        s, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
+        settings, num_devices=topo.chips, device=topo.chip.generation, prompt_len=prompt_len
     )
-    mc = policy_config(s)
-    args = (s, topo, devices, plan, mc, teacher_config(s, mc), progress, tuple(only))
+    model_config = policy_config(settings)
+    teacher = teacher_config(settings, model_config)
+    args = (settings, topo, devices, plan, model_config, teacher, progress, tuple(only))
     report = aot.compile_run(*args)
     if aot.print_report(report, as_json):
         failed = ", ".join(report["failed"])

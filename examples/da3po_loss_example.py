@@ -52,10 +52,10 @@ def main() -> None:
     key_new, key_old = jax.random.split(jax.random.key(0))
     logp_old = -jnp.abs(jax.random.normal(key_old, mask.shape))
     logp_new = logp_old + 0.1 * jax.random.normal(key_new, mask.shape)
-    cfg = LossConfig(eps_low=0.2, eps_high=0.28, agg="token-mean")
-    normalizer = loss_normalizer(mask, cfg.agg)  # over the whole mini-batch
+    loss_config = LossConfig(eps_low=0.2, eps_high=0.28, agg="token-mean")
+    normalizer = loss_normalizer(mask, loss_config.agg)  # over the whole mini-batch
     (loss, metrics), grad = jax.value_and_grad(
-        lambda lp: da3po_loss(lp, logp_old, adv, mask, config=cfg, normalizer=normalizer),
+        lambda lp: da3po_loss(lp, logp_old, adv, mask, config=loss_config, normalizer=normalizer),
         has_aux=True,
     )(logp_new)
     print("loss:", float(loss))

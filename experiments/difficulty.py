@@ -61,7 +61,7 @@ def pass_rates(
     encoder = PromptEncoder(tok, prompt_renderer(cfg, tok), cfg.rollout.buckets)
     scorer = RewardScorer(num_workers=1, timeout_s=cfg.reward.timeout_s)
     try:
-        sampler = Sampler(graphdef, model.cfg, gen)
+        sampler = Sampler(graphdef, model.config, gen)
         problems, chunk, rates = getattr(data, split), 50, []
         problems = problems[:limit] if limit > 0 else problems
         for start in range(0, len(problems), chunk):

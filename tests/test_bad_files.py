@@ -242,7 +242,7 @@ def test_config_json_bad_fields_name_the_file(model_dir, edit, words):
 
 def test_config_json_integral_float_is_accepted(model_dir):
     _edit_config(model_dir, lambda hf: {**hf, "hidden_size": float(TINY.hidden_size)})
-    assert load_model(model_dir).cfg.hidden_size == TINY.hidden_size
+    assert load_model(model_dir).config.hidden_size == TINY.hidden_size
 
 
 # ------------------------------------------------------------------ tokenizer

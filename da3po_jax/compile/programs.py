@@ -87,15 +87,15 @@ class EngineSizes:
     return_size: int
 
     @classmethod
-    def of(cls, s: Settings, prompt_len: int) -> EngineSizes:
-        r = s.rollout
-        engine = ENGINES.get(r.engine)
-        args = (s.round_size, r.slots, r.group_size)
+    def of(cls, settings: Settings, prompt_len: int) -> EngineSizes:
+        rollout = settings.rollout
+        engine = ENGINES.get(rollout.engine)
+        args = (settings.round_size, rollout.slots, rollout.group_size)
         return cls(
-            group_size=r.group_size,
+            group_size=rollout.group_size,
             prompt_len=prompt_len,
-            max_new_tokens=r.max_new_tokens,
-            max_staleness=r.max_staleness,
+            max_new_tokens=rollout.max_new_tokens,
+            max_staleness=rollout.max_staleness,
             max_in_flight=engine.max_in_flight_for(*args),
             return_size=engine.return_size_for(*args),
         )
@@ -112,7 +112,7 @@ class Abstract:
     tx: Any
     schedule: Any
     teacher: tuple[Any, Any] | None
-    teacher_cfg: ModelConfig | None
+    teacher_model_config: ModelConfig | None
     batch: GroupBatch  # batch-split, as the update takes it
     surplus: Any  # DSBuffer, replicated as the collector's carry is placed
     engine: EngineSizes
@@ -134,19 +134,23 @@ def batch_split(tree: Any, mesh: Mesh) -> Any:
     return sharded(tree, jax.tree.map(lambda x: batch_sharding(mesh, x.shape), tree))
 
 
-def sharded_model(cfg: ModelConfig, mesh: Mesh) -> tuple[Any, Any]:
+def sharded_model(model_config: ModelConfig, mesh: Mesh) -> tuple[Any, Any]:
     """(graphdef, params as sharded shapes) of a model, placed by `parallel.RULES`."""
-    graphdef, params = abstract_model(cfg)
+    graphdef, params = abstract_model(model_config)
     return graphdef, sharded(params, tree_shardings(params, mesh))
 
 
 def abstract_run(
-    s: Settings, mc: ModelConfig, teacher_mc: ModelConfig | None, mesh, prompt_len: int
+    settings: Settings,
+    model_config: ModelConfig,
+    teacher_model_config: ModelConfig | None,
+    mesh,
+    prompt_len: int,
 ) -> Abstract:
     """The train state as `update.state.init_train_state` builds it, and the step's
     buffers as the collector does, in shapes."""
-    graphdef, params = sharded_model(mc, mesh)
-    tx, schedule = make_optimizer(s.optim, s.train.steps, s.updates_per_step)
+    graphdef, params = sharded_model(model_config, mesh)
+    tx, schedule = make_optimizer(settings.optim, settings.train.steps, settings.updates_per_step)
     opt = jax.eval_shape(tx.init, params)
     state = TrainState(
         params=params,
@@ -154,9 +158,11 @@ def abstract_run(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh)),
         rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh)),
     )
-    teacher = sharded_model(teacher_mc, mesh) if teacher_mc is not None else None
-    sizes = EngineSizes.of(s, prompt_len)
-    n = s.rl.train_prompts  # the collector's capacity: the batch it takes from its buffer
+    teacher = (
+        sharded_model(teacher_model_config, mesh) if teacher_model_config is not None else None
+    )
+    sizes = EngineSizes.of(settings, prompt_len)
+    n = settings.rl.train_prompts  # the collector's capacity: the batch it takes from its buffer
     batch = batch_split(jax.eval_shape(lambda: groups_like(sizes, n)), mesh)
     surplus = jax.eval_shape(lambda: empty_surplus(sizes))
     return Abstract(
@@ -166,35 +172,35 @@ def abstract_run(
         tx,
         schedule,
         teacher,
-        teacher_mc,
+        teacher_model_config,
         batch,
         replicated_shapes(surplus, mesh),
         sizes,
     )
 
 
-def _update_program(s, a: Abstract, mesh, packed: bool) -> Program:
-    cfg = update_config(s)
-    cfg = dataclasses.replace(
-        cfg, pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if packed else None
+def _update_program(settings: Settings, a: Abstract, mesh, packed: bool) -> Program:
+    config = update_config(settings)
+    config = dataclasses.replace(
+        config, pack=PackConfig(settings.rl.pack_length, settings.rl.pack_rows) if packed else None
     )
-    kl = s.loss.kl_coef > 0
-    g, n = s.rollout.group_size, s.rl.train_prompts
+    kl = settings.loss.kl_coef > 0
+    g, n = settings.rollout.group_size, settings.rl.train_prompts
 
     def trace():
         update = PolicyUpdate(
             a.graphdef,
             a.tx,
             a.schedule,
-            cfg,
+            config,
             state_shardings=jax.tree.map(lambda x: x.sharding, a.state),
             mesh=mesh,
             ref_params=a.params if kl else None,
-            teacher=a.teacher if cfg.opd is not None else None,
+            teacher=a.teacher if config.opd is not None else None,
         )
         valid = jax.ShapeDtypeStruct((n,), jnp.bool_, sharding=batch_sharding(mesh, (n,)))
         prior = None
-        if collect_config(s).use_prior:
+        if collect_config(settings).use_prior:
             like = jax.eval_shape(lambda: prior_from_state(init_prior_state(), g))
             prior = replicated_shapes(like, mesh)
         plan = None
@@ -202,18 +208,18 @@ def _update_program(s, a: Abstract, mesh, packed: bool) -> Program:
             plan = replicated_shapes(empty_plan(n * g), mesh)
         return update.trace(a.state, a.batch, valid, prior, plan)
 
-    teacher = ("teacher",) if cfg.opd is not None else ()
+    teacher = ("teacher",) if config.opd is not None else ()
     return Program(
         f"update_{'packed' if packed else 'padded'}",
-        used=packed == bool(s.rl.packing),
+        used=packed == bool(settings.rl.packing),
         trace=trace,
         resident=("params", "optimizer") + ("reference",) * kl + teacher,
     )
 
 
-def _ds_program(s, a: Abstract, mesh) -> Program:
+def _ds_program(settings: Settings, a: Abstract, mesh) -> Program:
     """`Collector.add_finished`: one batch the engine returns into the step's buffer."""
-    collect = collect_config(s)
+    collect = collect_config(settings)
     buffer = jax.eval_shape(lambda: empty_pending(a.engine, collect.capacity))
     items_n = a.engine.return_size
     items = batch_split(jax.eval_shape(lambda: groups_like(a.engine, items_n)), mesh)
@@ -224,13 +230,15 @@ def _ds_program(s, a: Abstract, mesh) -> Program:
     return Program("ds_round", True, lambda: fn.trace(buf, items, valid, rule=rule))
 
 
-def _generate_program(name, a: Abstract, mc, gen: GenerateConfig, prompts: int, tp, mesh, used):
+def _generate_program(
+    name, a: Abstract, model_config, gen: GenerateConfig, prompts: int, tp, mesh, used
+):
     tokens = jax.ShapeDtypeStruct(
         (prompts, tp), jnp.int32, sharding=batch_sharding(mesh, (prompts, tp))
     )
     mask = jax.ShapeDtypeStruct((prompts, tp), jnp.bool_, sharding=tokens.sharding)
-    init = cache_initializer(mc, (prompts, tp), gen)
-    cache = sharded(jax.eval_shape(init), cache_shardings(mc, init, tokens))
+    init = cache_initializer(model_config, (prompts, tp), gen)
+    cache = sharded(jax.eval_shape(init), cache_shardings(model_config, init, tokens))
     keys = replicated_shapes(jax.eval_shape(lambda: prompt_keys(jax.random.key(0), prompts)), mesh)
 
     def trace():
@@ -241,15 +249,19 @@ def _generate_program(name, a: Abstract, mc, gen: GenerateConfig, prompts: int, 
     return Program(name, used, trace, ("params",))
 
 
-def _continuous_programs(s, a: Abstract, mc, gen: GenerateConfig, tp, mesh, used) -> list[Program]:
-    r = s.rollout
-    sc = continuous.SlotConfig(r.slots, tp, r.steps_per_call, r.attention_block)
-    sc = sc.resolved(gen.num_samples)
-    slots = continuous.slot_shapes(mc, gen, sc, mesh)
-    n_a, g = sc.admit_prompts, gen.num_samples
+def _continuous_programs(
+    settings: Settings, a: Abstract, model_config, gen: GenerateConfig, tp, mesh, used
+) -> list[Program]:
+    rollout = settings.rollout
+    slot_config = continuous.SlotConfig(
+        rollout.slots, tp, rollout.steps_per_call, rollout.attention_block
+    )
+    slot_config = slot_config.resolved(gen.num_samples)
+    slots = continuous.slot_shapes(model_config, gen, slot_config, mesh)
+    n_a, g = slot_config.admit_prompts, gen.num_samples
     rep = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=replicated(mesh))  # noqa: E731
     keys = replicated_shapes(jax.eval_shape(lambda: prompt_keys(jax.random.key(0), n_a)), mesh)
-    host = admission_arrays(sc, g, gen.pad_id)
+    host = admission_arrays(slot_config, g, gen.pad_id)
     admit = (*(rep(x.shape, x.dtype) for x in host), keys)
 
     def trace_admit():
@@ -257,7 +269,7 @@ def _continuous_programs(s, a: Abstract, mc, gen: GenerateConfig, tp, mesh, used
 
     def trace_decode():
         return continuous.decode_steps.trace(
-            a.graphdef, a.params, slots, gen=gen, steps=sc.steps_per_call
+            a.graphdef, a.params, slots, gen=gen, steps=slot_config.steps_per_call
         )
 
     return [
@@ -267,34 +279,43 @@ def _continuous_programs(s, a: Abstract, mc, gen: GenerateConfig, tp, mesh, used
 
 
 def run_programs(
-    s: Settings,
-    mc: ModelConfig,
+    settings: Settings,
+    model_config: ModelConfig,
     mesh: Mesh,
     *,
     prompt_len: int,
-    teacher_mc: ModelConfig | None = None,
+    teacher_model_config: ModelConfig | None = None,
 ) -> tuple[Abstract, list[Program]]:
-    """Every jitted program of the run of settings `s` on `mesh` (see the module doc).
+    """Every jitted program of the run of `settings` on `mesh` (see the module doc).
 
     Args:
-      mc: the policy's model config with the run's runtime fields; `teacher_mc` the OPD
-        teacher's (None: no teacher).
+      model_config: the policy's model config with the run's runtime fields;
+        `teacher_model_config` the OPD teacher's (None: no teacher).
       prompt_len: the padded prompt length (the planner's: the largest bucket).
     """
-    a = abstract_run(s, mc, teacher_mc, mesh, prompt_len)
+    a = abstract_run(settings, model_config, teacher_model_config, mesh, prompt_len)
     # token ids only enter as constants: two stop ids, as the chat models have
     ids = types.SimpleNamespace(eos_ids=(1, 2), pad_id=0)
-    gen, eval_gen = generate_configs(s, ids)
-    static = s.rollout.engine == "static"
+    gen, eval_gen = generate_configs(settings, ids)
+    static = settings.rollout.engine == "static"
     programs = [
-        _update_program(s, a, mesh, packed=True),
-        _update_program(s, a, mesh, packed=False),
-        _ds_program(s, a, mesh),
-        _generate_program("sampler", a, mc, gen, s.round_size, prompt_len, mesh, static),
+        _update_program(settings, a, mesh, packed=True),
+        _update_program(settings, a, mesh, packed=False),
+        _ds_program(settings, a, mesh),
         _generate_program(
-            "eval_generate", a, mc, eval_gen, s.eval.prompts_per_call, prompt_len, mesh, static
+            "sampler", a, model_config, gen, settings.round_size, prompt_len, mesh, static
         ),
-        *_continuous_programs(s, a, mc, gen, prompt_len, mesh, not static),
+        _generate_program(
+            "eval_generate",
+            a,
+            model_config,
+            eval_gen,
+            settings.eval.prompts_per_call,
+            prompt_len,
+            mesh,
+            static,
+        ),
+        *_continuous_programs(settings, a, model_config, gen, prompt_len, mesh, not static),
     ]
     return a, programs
 

@@ -234,7 +234,7 @@ def device_bytes(tree: Any) -> int:
     return total
 
 
-def resident_bytes(s: Settings, a: Abstract) -> dict[str, int]:
+def resident_bytes(settings: Settings, a: Abstract) -> dict[str, int]:
     """Per-device bytes of the state alive across the whole step, by name (what
     `Program.resident` names): the params, the optimizer state, the reference and teacher
     copies, the step's batch and the dynamic-sampling surplus."""
@@ -242,28 +242,37 @@ def resident_bytes(s: Settings, a: Abstract) -> dict[str, int]:
     return {
         "params": params,
         "optimizer": device_bytes(a.state.opt_state),
-        "reference": params if s.loss.kl_coef > 0 else 0,
+        "reference": params if settings.loss.kl_coef > 0 else 0,
         "teacher": device_bytes(a.teacher[1]) if a.teacher is not None else 0,
         "batch": device_bytes(a.batch),
         "surplus": device_bytes(a.surplus),
     }
 
 
-def roofline(s: Settings, a: Abstract, mc: ModelConfig, topo: Topology, mesh) -> dict[str, float]:
+def roofline(
+    settings: Settings, a: Abstract, model_config: ModelConfig, topo: Topology, mesh
+) -> dict[str, float]:
     """A lower bound on one step's seconds (see the module docstring)."""
     chip = topo.chip
-    seq = max(s.rollout.prompt_buckets) + s.rollout.max_new_tokens
-    forwards = frozen_forwards(update_config(s), reference=s.loss.kl_coef > 0)
-    flops = padded_update_flops(s, mc, a.teacher_cfg, seq, forwards)
+    seq = max(settings.rollout.prompt_buckets) + settings.rollout.max_new_tokens
+    forwards = frozen_forwards(update_config(settings), reference=settings.loss.kl_coef > 0)
+    flops = padded_update_flops(settings, model_config, a.teacher_model_config, seq, forwards)
     update_s = flops / topo.chips / (chip.peak_tflops * 1e12)
-    tensor, cbytes = mesh.shape["tensor"], jnp.dtype(mc.dtype).itemsize
-    weights = mc.num_params() * cbytes / tensor
-    rounds = max(1, math.ceil(s.rl.train_prompts / max(s.round_size, 1)))
-    kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * cbytes / tensor
-    rows_dev = max(1, s.round_size * s.rollout.group_size // batch_size_divisor(mesh))
-    ctx = max(s.rollout.prompt_buckets) + s.rollout.max_new_tokens / 2  # mean context
+    tensor, cbytes = mesh.shape["tensor"], jnp.dtype(model_config.dtype).itemsize
+    weights = model_config.num_params() * cbytes / tensor
+    rounds = max(1, math.ceil(settings.rl.train_prompts / max(settings.round_size, 1)))
+    kv_per_token = (
+        2
+        * model_config.num_layers
+        * model_config.num_kv_heads
+        * model_config.head_dim
+        * cbytes
+        / tensor
+    )
+    rows_dev = max(1, settings.round_size * settings.rollout.group_size // batch_size_divisor(mesh))
+    ctx = max(settings.rollout.prompt_buckets) + settings.rollout.max_new_tokens / 2  # mean context
     step_bytes = weights + rows_dev * ctx * kv_per_token
-    decode_s = rounds * s.rollout.max_new_tokens * step_bytes / (chip.hbm_gbs * 1e9)
+    decode_s = rounds * settings.rollout.max_new_tokens * step_bytes / (chip.hbm_gbs * 1e9)
     return {
         "update_s": update_s,
         "rollout_s": decode_s,
@@ -272,12 +281,14 @@ def roofline(s: Settings, a: Abstract, mc: ModelConfig, topo: Topology, mesh) ->
     }
 
 
-def one_layer_bytes(mc: ModelConfig) -> int:
+def one_layer_bytes(model_config: ModelConfig) -> int:
     """The largest all-gather an FSDP program needs: one decoder layer's parameters or the
     (un)embedding, in the parameter dtype (what `plan`'s `gathered` assumes)."""
-    v_h = mc.vocab_size * mc.hidden_size
-    layer = (mc.num_params() - v_h * (1 if mc.tie_word_embeddings else 2)) // mc.num_layers
-    return max(layer, v_h) * (4 if mc.param_dtype == "float32" else 2)
+    v_h = model_config.vocab_size * model_config.hidden_size
+    layer = (
+        model_config.num_params() - v_h * (1 if model_config.tie_word_embeddings else 2)
+    ) // model_config.num_layers
+    return max(layer, v_h) * (4 if model_config.param_dtype == "float32" else 2)
 
 
 def run_peak(compiled: list[Compiled], resident: dict[str, int]) -> tuple[int, str]:
@@ -292,12 +303,14 @@ def run_peak(compiled: list[Compiled], resident: dict[str, int]) -> tuple[int, s
     return best, name
 
 
-def _components(s, compiled, resident, plan, lowered_only) -> dict[str, dict[str, Any]]:
+def _components(
+    settings: Settings, compiled, resident, plan, lowered_only
+) -> dict[str, dict[str, Any]]:
     """Compiled beside planned bytes: resident state, train phase and rollout phase."""
     by_name = {c.name: c for c in compiled if c.ok and not lowered_only}
-    update = by_name.get("update_packed" if s.rl.packing else "update_padded")
+    update = by_name.get("update_packed" if settings.rl.packing else "update_padded")
     static = ("sampler", "eval_generate")
-    gen_names = static if s.rollout.engine == "static" else ("admit_groups", "decode_steps")
+    gen_names = static if settings.rollout.engine == "static" else ("admit_groups", "decode_steps")
     gens = [by_name[n] for n in gen_names if n in by_name]
     compiled_rollout = max((c.peak_bytes - resident["params"] for c in gens), default=None)
     compiled_train = None
@@ -342,8 +355,8 @@ def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[
 
 
 def summary(
-    s: Settings,
-    mc: ModelConfig,
+    settings: Settings,
+    model_config: ModelConfig,
     topo: Topology,
     mesh,
     a: Abstract,
@@ -352,13 +365,13 @@ def summary(
 ) -> dict[str, Any]:
     """The command's JSON: per-program stats, the compiled and planned peaks side by side,
     the chip's HBM, `fits` and the roofline."""
-    resident = resident_bytes(s, a)
+    resident = resident_bytes(settings, a)
     peak, by = run_peak(compiled, resident)
     planned = plan.peak
     lowered_only = topo.platform != "tpu"  # nothing compiled, nothing measured
-    components = _components(s, compiled, resident, plan, lowered_only)
+    components = _components(settings, compiled, resident, plan, lowered_only)
     device = topo.chip.hbm_gib * GiB
-    checks = _checks(compiled, one_layer_bytes(mc), s.rollout.gather_weights)
+    checks = _checks(compiled, one_layer_bytes(model_config), settings.rollout.gather_weights)
     return {
         "topology": topo.name,
         "describe": topo.describe(),
@@ -378,18 +391,18 @@ def summary(
         "fits": None
         if lowered_only
         else bool(peak) and peak <= device and not any(not c.ok for c in compiled if c.used),
-        "roofline": roofline(s, a, mc, topo, mesh) | {"label": "lower bound"},
+        "roofline": roofline(settings, a, model_config, topo, mesh) | {"label": "lower bound"},
         "checks": checks,
     }
 
 
 def compile_run(
-    s: Settings,
+    settings: Settings,
     topo: Topology,
     devices: Any,
     plan: Any,
-    mc: ModelConfig,
-    teacher_mc: ModelConfig | None = None,
+    model_config: ModelConfig,
+    teacher_model_config: ModelConfig | None = None,
     progress: Callable[[str], None] = print,
     only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
@@ -402,7 +415,11 @@ def compile_run(
         f"{topo.describe()}; mesh {tuple(mesh.axis_sizes)}; attention {plan.info['attention']}"
     )
     a, programs = run_programs(
-        s, mc, mesh, prompt_len=plan.info["prompt_len"], teacher_mc=teacher_mc
+        settings,
+        model_config,
+        mesh,
+        prompt_len=plan.info["prompt_len"],
+        teacher_model_config=teacher_model_config,
     )
     programs = select(programs, only)
     shapes = parameter_shapes(a.params, a.teacher[1] if a.teacher else None)
@@ -414,7 +431,7 @@ def compile_run(
         lower_only=topo.platform == "cuda",
         param_shapes=shapes,
     )
-    return summary(s, mc, topo, mesh, a, compiled, plan)
+    return summary(settings, model_config, topo, mesh, a, compiled, plan)
 
 
 def table(report: dict[str, Any]) -> str:

@@ -14,28 +14,28 @@ from da3po_jax.rl import DAA_RULES
 from da3po_jax.rollout.engines import ENGINES
 
 
-def check_relations(s: Settings, *, inputs: bool = True) -> None:
+def check_relations(settings: Settings, *, inputs: bool = True) -> None:
     """The rules between fields (batch shapes, engine capacity, required inputs unless
     `inputs` is False, mesh, buckets, templates, presets, rewards, distillation).
 
     Raises:
       ValueError: naming the fields and the rule they break.
     """
-    _check_batch_shapes(s)
-    _check_inputs(s, inputs)
-    if s.distillation:
-        _check_distillation(s)
-    _check_pack_length(s)
-    _check_data_and_models(s)
-    if s.daa.estimator == "none":  # the DAA_RULES entry for direct users of `apply_daa`
+    _check_batch_shapes(settings)
+    _check_inputs(settings, inputs)
+    if settings.distillation:
+        _check_distillation(settings)
+    _check_pack_length(settings)
+    _check_data_and_models(settings)
+    if settings.daa.estimator == "none":  # the DAA_RULES entry for direct users of `apply_daa`
         allowed = [n for n in DAA_RULES.names() if n != "none"]
         raise ValueError(
             f"config.daa.estimator='none' must be one of {allowed} (daa.enable=False turns DAA off)"
         )
 
 
-def _check_batch_shapes(s: Settings) -> None:
-    rl = s.rl
+def _check_batch_shapes(settings: Settings) -> None:
+    rl = settings.rl
     if rl.train_prompts % rl.mini_batch_prompts:
         raise ValueError(
             f"config.rl.mini_batch_prompts={rl.mini_batch_prompts} must divide "
@@ -52,62 +52,64 @@ def _check_batch_shapes(s: Settings) -> None:
             "with config.rl.packing the micro-batches are rl.pack_rows rows of "
             "rl.pack_length tokens (set micro_batch_prompts=0 or packing=False)"
         )
-    if s.ds.enable and s.ds.max_prompts < rl.train_prompts:
+    if settings.ds.enable and settings.ds.max_prompts < rl.train_prompts:
         raise ValueError(
-            f"config.ds.max_prompts={s.ds.max_prompts} must be >= "
+            f"config.ds.max_prompts={settings.ds.max_prompts} must be >= "
             f"config.rl.train_prompts={rl.train_prompts} (prompts admitted per step at most)"
         )
-    samples = max(s.rollout.group_size, s.eval.num_samples)
-    if ENGINES.get(s.rollout.engine).uses_slots and s.rollout.slots < samples:
+    samples = max(settings.rollout.group_size, settings.eval.num_samples)
+    if ENGINES.get(settings.rollout.engine).uses_slots and settings.rollout.slots < samples:
         raise ValueError(
-            f"config.rollout.slots={s.rollout.slots} must be >= {samples} (one group: "
+            f"config.rollout.slots={settings.rollout.slots} must be >= {samples} (one group: "
             "rollout.group_size and eval.num_samples samples)"
         )
-    _check_partial(s)
+    _check_partial(settings)
 
 
-def _check_partial(s: Settings) -> None:
+def _check_partial(settings: Settings) -> None:
     """Partial rollouts need a slot engine and the behaviour correction of the decoupled
     objective (docs/algorithms.md, "Partial rollouts")."""
-    r = s.rollout
-    if not r.max_staleness:
+    rollout = settings.rollout
+    if not rollout.max_staleness:
         return
-    if not ENGINES.get(r.engine).uses_slots:
+    if not ENGINES.get(rollout.engine).uses_slots:
         raise ValueError(
-            f"config.rollout.max_staleness={r.max_staleness} needs a slot engine "
-            f"(rollout.engine='continuous'), not rollout.engine={r.engine!r}"
+            f"config.rollout.max_staleness={rollout.max_staleness} needs a slot engine "
+            f"(rollout.engine='continuous'), not rollout.engine={rollout.engine!r}"
         )
-    if not r.tis_cap:
+    if not rollout.tis_cap:
         raise ValueError(
-            f"config.rollout.max_staleness={r.max_staleness} trains with the decoupled "
+            f"config.rollout.max_staleness={rollout.max_staleness} trains with the decoupled "
             "objective, whose behaviour weight is capped at rollout.tis_cap: set it >= 1, "
             "not 0"
         )
 
 
-def _check_inputs(s: Settings, inputs: bool) -> None:
+def _check_inputs(settings: Settings, inputs: bool) -> None:
     """A model must be named; unless `inputs` is False, a tokenizer and training data too."""
-    if not s.model.path and not s.model.preset:
+    if not settings.model.path and not settings.model.preset:
         raise ValueError(
             "config.model.path is required (a HF folder with config.json and "
             "safetensors), or config.model.preset for random weights"
         )
     if not inputs:
         return
-    if not s.tokenizer.build_tiny and not (s.tokenizer.path or s.model.path):
+    if not settings.tokenizer.build_tiny and not (settings.tokenizer.path or settings.model.path):
         raise ValueError(
             "config.tokenizer.path (or config.model.path) is required: a folder "
             "with the tokenizer files"
         )
-    if s.data.source in ("jsonl", "parquet") and not s.data.train_path:
-        raise ValueError(f"config.data.train_path is required for data.source={s.data.source!r}")
-
-
-def _check_pack_length(s: Settings) -> None:
-    longest = max(s.rollout.prompt_buckets) + s.rollout.max_new_tokens
-    if s.rl.packing and 0 < s.rl.pack_length < longest:
+    if settings.data.source in ("jsonl", "parquet") and not settings.data.train_path:
         raise ValueError(
-            f"config.rl.pack_length={s.rl.pack_length} is shorter than the longest sequence "
+            f"config.data.train_path is required for data.source={settings.data.source!r}"
+        )
+
+
+def _check_pack_length(settings: Settings) -> None:
+    longest = max(settings.rollout.prompt_buckets) + settings.rollout.max_new_tokens
+    if settings.rl.packing and 0 < settings.rl.pack_length < longest:
+        raise ValueError(
+            f"config.rl.pack_length={settings.rl.pack_length} is shorter than the longest sequence "
             f"(largest rollout.prompt_buckets + rollout.max_new_tokens = {longest}); 0 = that"
         )
 
@@ -126,55 +128,59 @@ def _check_tier_weights(weights: tuple) -> None:
         )
 
 
-def _check_data_and_models(s: Settings) -> None:
+def _check_data_and_models(settings: Settings) -> None:
     """Fields whose rule depends on other fields (synthetic tiers and split sizes,
     presets, rewards)."""
-    if s.data.source == "synthetic":
-        _check_tier_weights(s.data.synthetic_tier_weights)
-        if s.stage == "rl" and s.data.synthetic_train < 1:
+    if settings.data.source == "synthetic":
+        _check_tier_weights(settings.data.synthetic_tier_weights)
+        if settings.stage == "rl" and settings.data.synthetic_train < 1:
             raise ValueError(
-                f"config.data.synthetic_train={s.data.synthetic_train} must be >= 1 "
+                f"config.data.synthetic_train={settings.data.synthetic_train} must be >= 1 "
                 "for stage='rl' (the RL prompts)"
             )
-        if s.stage == "sft" and s.data.synthetic_sft < 1:
+        if settings.stage == "sft" and settings.data.synthetic_sft < 1:
             raise ValueError(
-                f"config.data.synthetic_sft={s.data.synthetic_sft} must be >= 1 "
+                f"config.data.synthetic_sft={settings.data.synthetic_sft} must be >= 1 "
                 "for stage='sft' (the SFT examples)"
             )
-    if not s.model.path and s.model.preset.lower() not in PRESETS:
+    if not settings.model.path and settings.model.preset.lower() not in PRESETS:
         raise ValueError(
-            f"config.model.preset={s.model.preset!r} must be one of {sorted(PRESETS)} "
+            f"config.model.preset={settings.model.preset!r} must be one of {sorted(PRESETS)} "
             "(or set config.model.path)"
         )
-    if not s.reward.correct > s.reward.incorrect:
+    if not settings.reward.correct > settings.reward.incorrect:
         raise ValueError(
-            f"config.reward.correct={s.reward.correct!r} must be > "
-            f"config.reward.incorrect={s.reward.incorrect!r} (else there is nothing to learn)"
+            f"config.reward.correct={settings.reward.correct!r} must be > config.reward."
+            f"incorrect={settings.reward.incorrect!r} (else there is nothing to learn)"
         )
 
 
-def _check_distillation(s: Settings) -> None:
+def _check_distillation(settings: Settings) -> None:
     """OPD / RA-OPD need a teacher; DAA only reshapes the outcome advantage."""
-    t = s.teacher
-    if not t.path and not t.preset:
+    teacher = settings.teacher
+    if not teacher.path and not teacher.preset:
         raise ValueError(
-            f"config.teacher.path is required for algo={s.algo!r}: a HF folder (config.json "
+            f"config.teacher.path is required for algo={settings.algo!r}: a HF folder (config.json "
             "and safetensors) of the frozen teacher, or config.teacher.preset for a "
             "random-init teacher (tests)"
         )
-    if t.path and t.preset:
+    if teacher.path and teacher.preset:
         raise ValueError(
-            f"config.teacher.path={t.path!r} and config.teacher.preset={t.preset!r}: set only one"
+            f"config.teacher.path={teacher.path!r} and config.teacher.preset="
+            f"{teacher.preset!r}: set only one"
         )
-    if t.sft_steps and not t.path:
+    if teacher.sft_steps and not teacher.path:
         raise ValueError(
-            f"config.teacher.sft_steps={t.sft_steps} builds the teacher into "
+            f"config.teacher.sft_steps={teacher.sft_steps} builds the teacher into "
             "config.teacher.path, which is unset"
         )
-    if s.daa.enable and not s.opd.with_outcome:
+    if settings.daa.enable and not settings.opd.with_outcome:
         raise ValueError(
-            f"config.daa.enable=True with algo={s.algo!r} needs config.opd.with_outcome=True "
+            f"config.daa.enable=True with algo={settings.algo!r} needs "
+            "config.opd.with_outcome=True "
             "(DAA amplifies the outcome advantage, which OPD otherwise does not use)"
         )
-    if t.preset and t.preset.lower() not in PRESETS:
-        raise ValueError(f"config.teacher.preset={t.preset!r} must be one of {sorted(PRESETS)}")
+    if teacher.preset and teacher.preset.lower() not in PRESETS:
+        raise ValueError(
+            f"config.teacher.preset={teacher.preset!r} must be one of {sorted(PRESETS)}"
+        )

@@ -112,8 +112,10 @@ class Settings:
     def surplus_capacity(self) -> int:
         """Groups the dynamic-sampling surplus holds: the rollout engine's
         `max_in_flight` (the most prompts it holds at once)."""
-        r = self.rollout
-        return ENGINES.get(r.engine).max_in_flight_for(self.round_size, r.slots, r.group_size)
+        rollout = self.rollout
+        return ENGINES.get(rollout.engine).max_in_flight_for(
+            self.round_size, rollout.slots, rollout.group_size
+        )
 
     @property
     def eval_max_new_tokens(self) -> int:

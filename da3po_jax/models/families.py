@@ -112,7 +112,7 @@ register_family(
         "qwen2",
         "Qwen2ForCausalLM",
         read=_read_qwen2,
-        write=lambda cfg: {"use_sliding_window": False},
+        write=lambda model_config: {"use_sliding_window": False},
     )
 )
 register_family(
@@ -120,7 +120,7 @@ register_family(
         "qwen3",
         "Qwen3ForCausalLM",
         read=_read_qwen3,
-        write=lambda cfg: {"attention_bias": cfg.attention_bias},
+        write=lambda model_config: {"attention_bias": model_config.attention_bias},
     )
 )
 register_family(
@@ -128,6 +128,9 @@ register_family(
         "llama",
         "LlamaForCausalLM",
         read=_read_llama,
-        write=lambda cfg: {"attention_bias": cfg.attention_bias, "mlp_bias": False},
+        write=lambda model_config: {
+            "attention_bias": model_config.attention_bias,
+            "mlp_bias": False,
+        },
     )
 )

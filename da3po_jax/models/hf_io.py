@@ -66,34 +66,38 @@ def _linear(x: np.ndarray) -> np.ndarray:  # HF [out, in] <-> ours [in, out]
     return x.T
 
 
-def param_table(cfg: ModelConfig) -> list[_Entry]:
+def param_table(model_config: ModelConfig) -> list[_Entry]:
     """Every parameter of `cfg`'s model: HF name, NNX path and the layout transforms."""
     entries = [_Entry("model.embed_tokens.weight", ("embed",), _same, _same)]
-    for i in range(cfg.num_layers):
-        layer = _layer_entries(cfg, f"model.layers.{i}.", ("layers", i))
-        if cfg.scan_layers:  # one stacked parameter per name: drop the index from the path
+    for i in range(model_config.num_layers):
+        layer = _layer_entries(model_config, f"model.layers.{i}.", ("layers", i))
+        if model_config.scan_layers:  # one stacked parameter per name: drop the index from the path
             layer = [dataclasses.replace(e, path=e.path[:1] + e.path[2:], layer=i) for e in layer]
         entries += layer
-    if cfg.scan_layers:  # parameter-major, so an export reads each stacked array once
+    if model_config.scan_layers:  # parameter-major, so an export reads each stacked array once
         entries[1:] = sorted(entries[1:], key=lambda e: e.path)
     entries.append(_Entry("model.norm.weight", ("final_norm", "weight"), _same, _same))
-    if not cfg.tie_word_embeddings:
+    if not model_config.tie_word_embeddings:
         entries.append(_Entry("lm_head.weight", ("lm_head",), _linear, _linear))
     return entries
 
 
-def _layer_entries(cfg: ModelConfig, pre: str, path: Path) -> list[_Entry]:
+def _layer_entries(model_config: ModelConfig, pre: str, path: Path) -> list[_Entry]:
     """The parameters of one decoder layer (HF names under `pre`, NNX paths under `path`)."""
-    h, d, q = cfg.hidden_size, cfg.head_dim, cfg.num_heads
+    h, d, q = model_config.hidden_size, model_config.head_dim, model_config.num_heads
 
     def heads_in(n):  # HF [n*d, h] <-> ours [h, n, d]
         return (lambda x: x.T.reshape(h, n, d)), (lambda x: x.reshape(h, n * d).T)
 
     attn, entries = f"{pre}self_attn.", []
-    for name, n in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
+    for name, n in (
+        ("q", model_config.num_heads),
+        ("k", model_config.num_kv_heads),
+        ("v", model_config.num_kv_heads),
+    ):
         fwd, bwd = heads_in(n)
         entries.append(_Entry(f"{attn}{name}_proj.weight", (*path, "attn", name), fwd, bwd))
-        if cfg.attention_bias:
+        if model_config.attention_bias:
             entries.append(
                 _Entry(
                     f"{attn}{name}_proj.bias",
@@ -110,9 +114,9 @@ def _layer_entries(cfg: ModelConfig, pre: str, path: Path) -> list[_Entry]:
             lambda x: x.reshape(q * d, h).T,
         )
     )
-    if cfg.o_bias:
+    if model_config.o_bias:
         entries.append(_Entry(f"{attn}o_proj.bias", (*path, "attn", "o_bias"), _same, _same))
-    if cfg.qk_norm:
+    if model_config.qk_norm:
         for name in ("q_norm", "k_norm"):
             entries.append(
                 _Entry(f"{attn}{name}.weight", (*path, "attn", name, "weight"), _same, _same)
@@ -197,7 +201,7 @@ def _count_nonfinite(arr: np.ndarray, chunk: int = 1 << 24) -> int:
 def _check_names(
     table: list[_Entry],
     tensors: dict[str, SafetensorsFile],
-    cfg: ModelConfig,
+    model_config: ModelConfig,
     path: str | None = None,
 ):
     expected = {e.hf_name for e in table}
@@ -206,7 +210,7 @@ def _check_names(
         n
         for n in set(tensors) - expected
         if not n.endswith(_IGNORED_SUFFIXES)
-        and not (cfg.tie_word_embeddings and n == "lm_head.weight")
+        and not (model_config.tie_word_embeddings and n == "lm_head.weight")
     )
     problems = []
     if missing:
@@ -216,7 +220,8 @@ def _check_names(
     if problems:
         where = f" in model folder {path!r}" if path is not None else ""
         raise ValueError(
-            f"checkpoint{where} does not match a {cfg.model_type} model: " + "; ".join(problems)
+            f"checkpoint{where} does not match a {model_config.model_type} model: "
+            + "; ".join(problems)
         )
 
 
@@ -250,12 +255,12 @@ def load_model(
         a truncated/corrupt safetensors file (`SafetensorsError`), missing/unexpected
         tensors, a wrong shape, or a tensor holding NaN/Inf (each named).
     """
-    cfg = ModelConfig.from_hf_folder(path, **config_overrides)
-    table = param_table(cfg)
+    model_config = ModelConfig.from_hf_folder(path, **config_overrides)
+    table = param_table(model_config)
     tensors = _open_checkpoint(path)
-    _check_names(table, tensors, cfg, path)
+    _check_names(table, tensors, model_config, path)
 
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0))))
     flat = dict(nnx.to_flat_state(state))
     stacks: dict[Path, np.ndarray] = {}  # stacked parameters, filled layer by layer
     for n, entry in enumerate(table):
@@ -263,12 +268,12 @@ def load_model(
         want = var.get_value()
         if entry.layer is not None:
             want = jax.ShapeDtypeStruct(want.shape[1:], want.dtype)
-        arr = _read_tensor(tensors[entry.hf_name], entry, want, path, cfg.param_dtype)
+        arr = _read_tensor(tensors[entry.hf_name], entry, want, path, model_config.param_dtype)
         if entry.layer is not None:
             full = var.get_value()
             stack = stacks.setdefault(entry.path, np.empty(full.shape, full.dtype))
             stack[entry.layer] = arr
-            if entry.layer < cfg.num_layers - 1:
+            if entry.layer < model_config.num_layers - 1:
                 continue
             arr = stacks.pop(entry.path)
         var.set_value(_place(arr, entry.path, sharding))
@@ -334,7 +339,7 @@ def save_model(
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir!r} exists and is not empty (pass overwrite=True)")
-    cfg = model.cfg
+    model_config = model.config
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)
@@ -342,9 +347,9 @@ def save_model(
     _remove_leftovers(parent, name, old if os.path.exists(out_dir) else None)
     tmp = tempfile.mkdtemp(prefix=f".{name}.export-", dir=parent)
     try:
-        _write_weights(tmp, param_table(cfg), flat, max_shard_bytes)
+        _write_weights(tmp, param_table(model_config), flat, max_shard_bytes)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(cfg.to_hf_dict(), f, indent=2)
+            json.dump(model_config.to_hf_dict(), f, indent=2)
         if tokenizer_dir is not None:
             for fname in TOKENIZER_FILES:
                 src = os.path.join(tokenizer_dir, fname)

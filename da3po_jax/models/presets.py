@@ -130,7 +130,7 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 def init_model(
-    cfg: ModelConfig,
+    model_config: ModelConfig,
     seed: int = 0,
     sharding: jax.sharding.Sharding | Callable[[tuple, tuple], jax.sharding.Sharding] | None = None,
 ) -> Transformer:
@@ -141,8 +141,8 @@ def init_model(
     `jax.jit` with those output shardings, so no full parameter lands on one device.
     """
     if sharding is None:
-        return Transformer(cfg, rngs=nnx.Rngs(seed))
-    graphdef, abstract = abstract_model(cfg, seed)
+        return Transformer(model_config, rngs=nnx.Rngs(seed))
+    graphdef, abstract = abstract_model(model_config, seed)
 
     def leaf_sharding(path, var):
         value = var.get_value()
@@ -152,13 +152,13 @@ def init_model(
 
     @jax.jit
     def make():
-        state = nnx.state(Transformer(cfg, rngs=nnx.Rngs(seed)))
+        state = nnx.state(Transformer(model_config, rngs=nnx.Rngs(seed)))
         return jax.lax.with_sharding_constraint(state, out_shardings)
 
     return nnx.merge(graphdef, make())
 
 
-def abstract_model(cfg: ModelConfig, seed: int = 0) -> tuple[nnx.GraphDef, nnx.State]:
+def abstract_model(model_config: ModelConfig, seed: int = 0) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, parameters as `jax.ShapeDtypeStruct`s) of a model of `cfg`: its shapes
     from the real constructor (`nnx.eval_shape`), nothing allocated."""
-    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
+    return nnx.split(nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(seed))))

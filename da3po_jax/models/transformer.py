@@ -55,11 +55,15 @@ class KVCache:
     index: jax.Array
 
     @classmethod
-    def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
-        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    def init(cls, model_config: ModelConfig, batch: int, max_len: int) -> KVCache:
+        shape = (batch, model_config.num_kv_heads, max_len, model_config.head_dim)
         return cls(
-            k=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
-            v=tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers)),
+            k=tuple(
+                jnp.zeros(shape, model_config.jnp_dtype) for _ in range(model_config.num_layers)
+            ),
+            v=tuple(
+                jnp.zeros(shape, model_config.jnp_dtype) for _ in range(model_config.num_layers)
+            ),
             mask=jnp.zeros((batch, max_len), jnp.bool_),
             index=jnp.zeros((), jnp.int32),
         )
@@ -87,11 +91,13 @@ class SlotCache:
     block: int = struct.field(pytree_node=False, default=128)
 
     @classmethod
-    def init(cls, cfg: ModelConfig, slots: int, max_len: int, block: int) -> SlotCache:
+    def init(cls, model_config: ModelConfig, slots: int, max_len: int, block: int) -> SlotCache:
         """Zeros for `slots` sequences of up to `max_len` tokens (rounded up to blocks)."""
         cap = -(-max_len // block) * block
-        shape = (slots, cap, cfg.num_kv_heads, cfg.head_dim)
-        zeros = lambda: tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))  # noqa: E731
+        shape = (slots, cap, model_config.num_kv_heads, model_config.head_dim)
+        zeros = lambda: tuple(
+            jnp.zeros(shape, model_config.jnp_dtype) for _ in range(model_config.num_layers)
+        )  # noqa: E731
         return cls(k=zeros(), v=zeros(), block=block)
 
     @property
@@ -104,11 +110,11 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+def rope_inv_freq(model_config: ModelConfig) -> jax.Array:
     """Inverse RoPE frequencies, [head_dim // 2], with optional Llama-3 scaling."""
-    exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta**exponents)
-    s = cfg.rope_scaling
+    exponents = jnp.arange(0, model_config.head_dim, 2, dtype=jnp.float32) / model_config.head_dim
+    inv_freq = 1.0 / (model_config.rope_theta**exponents)
+    s = model_config.rope_scaling
     if s is None:
         return inv_freq
     # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate between.
@@ -133,23 +139,23 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return out.astype(x.dtype)
 
 
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: ModelConfig, init: str = "normal"):
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], model_config: ModelConfig, init: str = "normal"):
     if init == "ones":
-        value = jnp.ones(shape, cfg.jnp_param_dtype)
+        value = jnp.ones(shape, model_config.jnp_param_dtype)
     elif init == "zeros":
-        value = jnp.zeros(shape, cfg.jnp_param_dtype)
+        value = jnp.zeros(shape, model_config.jnp_param_dtype)
     else:  # HF's `initializer_range` default
         value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
-        value = value.astype(cfg.jnp_param_dtype)
+        value = value.astype(model_config.jnp_param_dtype)
     return nnx.Param(value)
 
 
 class RMSNorm(nnx.Module):
     """y = w * x / sqrt(mean(x^2) + eps), normalised in float32 as the HF reference."""
 
-    def __init__(self, dim: int, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.weight = _param(rngs, (dim,), cfg, "ones")
-        self.eps = cfg.rms_norm_eps
+    def __init__(self, dim: int, model_config: ModelConfig, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), model_config, "ones")
+        self.eps = model_config.rms_norm_eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
@@ -160,43 +166,48 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
     """Grouped-query attention with RoPE, optional q/k/v bias and q/k RMSNorm."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.cfg = cfg
-        h, nq, nkv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q = _param(rngs, (h, nq, d), cfg)
-        self.k = _param(rngs, (h, nkv, d), cfg)
-        self.v = _param(rngs, (h, nkv, d), cfg)
-        self.o = _param(rngs, (nq, d, h), cfg)
-        if cfg.attention_bias:
-            self.q_bias = _param(rngs, (nq, d), cfg, "zeros")
-            self.k_bias = _param(rngs, (nkv, d), cfg, "zeros")
-            self.v_bias = _param(rngs, (nkv, d), cfg, "zeros")
-        if cfg.o_bias:
-            self.o_bias = _param(rngs, (h,), cfg, "zeros")
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg, rngs)
-            self.k_norm = RMSNorm(d, cfg, rngs)
+    def __init__(self, model_config: ModelConfig, rngs: nnx.Rngs):
+        self.config = model_config
+        h, nq, nkv, d = (
+            model_config.hidden_size,
+            model_config.num_heads,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+        )
+        self.q = _param(rngs, (h, nq, d), model_config)
+        self.k = _param(rngs, (h, nkv, d), model_config)
+        self.v = _param(rngs, (h, nkv, d), model_config)
+        self.o = _param(rngs, (nq, d, h), model_config)
+        if model_config.attention_bias:
+            self.q_bias = _param(rngs, (nq, d), model_config, "zeros")
+            self.k_bias = _param(rngs, (nkv, d), model_config, "zeros")
+            self.v_bias = _param(rngs, (nkv, d), model_config, "zeros")
+        if model_config.o_bias:
+            self.o_bias = _param(rngs, (h,), model_config, "zeros")
+        if model_config.qk_norm:
+            self.q_norm = RMSNorm(d, model_config, rngs)
+            self.k_norm = RMSNorm(d, model_config, rngs)
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
-        dt = self.cfg.jnp_dtype
+        dt = self.config.jnp_dtype
         y = jnp.einsum("bth,hnd->btnd", x, getattr(self, name)[...].astype(dt))
-        if self.cfg.attention_bias:
+        if self.config.attention_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return constrain(y)
 
     def _qkv(self, x, positions, inv_freq):
         """Projected, normed and rotated q [B, T, heads, D] and k, v [B, T, kv_heads, D]."""
         q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
-        if self.cfg.qk_norm:
+        if self.config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
     def _output(self, out: jax.Array) -> jax.Array:
         """[B, T, heads, D] attention output -> [B, T, hidden]."""
-        cfg = self.cfg
-        out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(cfg.jnp_dtype))
-        if cfg.o_bias:
-            out = out + self.o_bias[...].astype(cfg.jnp_dtype)
+        model_config = self.config
+        out = jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(model_config.jnp_dtype))
+        if model_config.o_bias:
+            out = out + self.o_bias[...].astype(model_config.jnp_dtype)
         return constrain(out)
 
     def __call__(self, x, positions, inv_freq, segment_ids, cached):
@@ -219,20 +230,22 @@ class Attention(nnx.Module):
         Returns:
           ([B, T, hidden] output, updated (k, v) or None).
         """
-        cfg = self.cfg
+        model_config = self.config
         q, k, v = self._qkv(x, positions, inv_freq)
         b, t = x.shape[:2]
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
+        groups = model_config.num_heads // model_config.num_kv_heads
+        q = q.reshape(b, t, model_config.num_kv_heads, groups, model_config.head_dim)
         if cached is not None and cached[0].shape[2] > t:  # decode into a longer cache
             out, layer_cache = _cached_attention(q, k, v, *cached)
         else:
-            block = cfg.attention_block
-            out = attention(q, k, v, segment_ids, impl=cfg.attention, block_q=block, block_k=block)
+            block = model_config.attention_block
+            out = attention(
+                q, k, v, segment_ids, impl=model_config.attention, block_q=block, block_k=block
+            )
             layer_cache = None
             if cached is not None:  # a prefill fills the whole cache
                 layer_cache = (_heads_first(k, cached[0]), _heads_first(v, cached[1]))
-        return self._output(out.reshape(b, t, cfg.num_heads, -1)), layer_cache
+        return self._output(out.reshape(b, t, model_config.num_heads, -1)), layer_cache
 
     def decode(self, x, positions, inv_freq, layer_cache, write, lengths, block):
         """One decode step of S independent slots (the continuous engine's layout).
@@ -249,17 +262,19 @@ class Attention(nnx.Module):
         Returns:
           ([S, 1, hidden] output, updated (k, v)).
         """
-        cfg = self.cfg
+        model_config = self.config
         q, k, v = self._qkv(x, positions, inv_freq)
         rows = jnp.arange(x.shape[0])
         kc, vc = layer_cache
         kc = kc.at[rows, write].set(k[:, 0].astype(kc.dtype), mode="drop")
         vc = vc.at[rows, write].set(v[:, 0].astype(vc.dtype), mode="drop")
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(x.shape[0], cfg.num_kv_heads, groups, cfg.head_dim)
-        attend = DECODE[resolve_decode(cfg.decode_attention, target_platform())]
+        groups = model_config.num_heads // model_config.num_kv_heads
+        q = q.reshape(x.shape[0], model_config.num_kv_heads, groups, model_config.head_dim)
+        attend = DECODE[resolve_decode(model_config.decode_attention, target_platform())]
         out = attend(q, kc, vc, lengths, block)  # [S, kv_heads, groups, D]
-        out = out.reshape(x.shape[0], 1, cfg.num_heads, cfg.head_dim).astype(x.dtype)
+        out = out.reshape(x.shape[0], 1, model_config.num_heads, model_config.head_dim).astype(
+            x.dtype
+        )
         return self._output(out), (kc, vc)
 
 
@@ -286,11 +301,17 @@ def _cached_attention(q, k, v, k_cache, v_cache, q_slots, k_slots, key_mask):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.dtype = cfg.jnp_dtype
-        self.gate = _param(rngs, (cfg.hidden_size, cfg.intermediate_size), cfg)
-        self.up = _param(rngs, (cfg.hidden_size, cfg.intermediate_size), cfg)
-        self.down = _param(rngs, (cfg.intermediate_size, cfg.hidden_size), cfg)
+    def __init__(self, model_config: ModelConfig, rngs: nnx.Rngs):
+        self.dtype = model_config.jnp_dtype
+        self.gate = _param(
+            rngs, (model_config.hidden_size, model_config.intermediate_size), model_config
+        )
+        self.up = _param(
+            rngs, (model_config.hidden_size, model_config.intermediate_size), model_config
+        )
+        self.down = _param(
+            rngs, (model_config.intermediate_size, model_config.hidden_size), model_config
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
@@ -299,11 +320,11 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
-        self.mlp = MLP(cfg, rngs)
+    def __init__(self, model_config: ModelConfig, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(model_config.hidden_size, model_config, rngs)
+        self.attn = Attention(model_config, rngs)
+        self.post_attn_norm = RMSNorm(model_config.hidden_size, model_config, rngs)
+        self.mlp = MLP(model_config, rngs)
 
     def __call__(self, x, positions, inv_freq, segment_ids, cached):
         out, layer_cache = self.attn(self.input_norm(x), positions, inv_freq, segment_ids, cached)
@@ -326,12 +347,12 @@ REMAT_POLICIES = {
 }
 
 
-def _remat(cfg: ModelConfig):
+def _remat(model_config: ModelConfig):
     """`DecoderLayer.__call__` rematerialised in the backward pass under
     `cfg.remat_policy`, as a pure function of the layer's state (`jax.checkpoint`, not
     `nnx.remat`, which writes the state back and fails when the model was merged inside
     `lax.scan` / `lax.cond`, as in the packed update)."""
-    policy = REMAT_POLICIES[cfg.remat_policy]
+    policy = REMAT_POLICIES[model_config.remat_policy]
 
     def call(layer, x, *args):
         graphdef, state = nnx.split(layer)
@@ -365,14 +386,16 @@ class Transformer(nnx.Module):
     under `lax.scan` without a cache.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)
-        layers = [DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)]
-        self.layers = _stacked(layers) if cfg.scan_layers else nnx.List(layers)
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg, rngs)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)
+    def __init__(self, model_config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = model_config
+        self.embed = _param(rngs, (model_config.vocab_size, model_config.hidden_size), model_config)
+        layers = [DecoderLayer(model_config, rngs) for _ in range(model_config.num_layers)]
+        self.layers = _stacked(layers) if model_config.scan_layers else nnx.List(layers)
+        self.final_norm = RMSNorm(model_config.hidden_size, model_config, rngs)
+        if not model_config.tie_word_embeddings:
+            self.lm_head = _param(
+                rngs, (model_config.hidden_size, model_config.vocab_size), model_config
+            )
 
     def hidden(
         self,
@@ -388,22 +411,24 @@ class Transformer(nnx.Module):
         attention never crosses ids and `positions` restart per sequence. Default: one
         sequence per row, ids = `mask`.
         """
-        cfg = self.cfg
+        model_config = self.config
         t = tokens.shape[1]
         mask = mask.astype(jnp.bool_)
         if segment_ids is None:
             segment_ids = mask.astype(jnp.int32)
-        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype))
-        inv_freq = rope_inv_freq(cfg)
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(model_config.jnp_dtype))
+        inv_freq = rope_inv_freq(model_config)
         if cache is not None:
             q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
             k_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
-        if cache is None and cfg.scan_layers:
+        if cache is None and model_config.scan_layers:
             return self.final_norm(self._scan(x, positions, inv_freq, segment_ids)), None
         # Remat only matters under a backward pass, so never with a KV cache (the sampler's
         # prefill and decode).
-        call = _remat(cfg) if cfg.remat and cache is None else DecoderLayer.__call__
+        call = (
+            _remat(model_config) if model_config.remat and cache is None else DecoderLayer.__call__
+        )
         new_k, new_v = [], []
         for i, layer in enumerate(self.layer_list()):
             cached = None
@@ -420,12 +445,12 @@ class Transformer(nnx.Module):
     def layer_list(self) -> list[DecoderLayer]:
         """The decoder layers in order; with `scan_layers`, views of the stacked parameters'
         slices (the cached prefill and decode paths run layer by layer)."""
-        if not self.cfg.scan_layers:
+        if not self.config.scan_layers:
             return list(self.layers)
         graphdef, state = nnx.split(self.layers)
         return [
             nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
-            for i in range(self.cfg.num_layers)
+            for i in range(self.config.num_layers)
         ]
 
     def _scan(self, x, positions, inv_freq, segment_ids) -> jax.Array:
@@ -437,8 +462,8 @@ class Transformer(nnx.Module):
             layer = nnx.merge(graphdef, layer_state)
             return layer(x, positions, inv_freq, segment_ids, None)[0], None
 
-        if self.cfg.remat:
-            step = jax.checkpoint(step, policy=REMAT_POLICIES[self.cfg.remat_policy])
+        if self.config.remat:
+            step = jax.checkpoint(step, policy=REMAT_POLICIES[self.config.remat_policy])
         return jax.lax.scan(step, x, state)[0]
 
     def decode_slots(
@@ -452,9 +477,11 @@ class Transformer(nnx.Module):
         """One decode step of S slots: float32 logits [S, vocab] of tokens [S] fed at
         `positions` [S], their keys/values written at column `write` [S] of each slot
         (>= L: not written), each slot attending to its first `lengths` [S] keys."""
-        cfg = self.cfg
-        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype))[:, None]
-        inv_freq = rope_inv_freq(cfg)
+        model_config = self.config
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(model_config.jnp_dtype))[
+            :, None
+        ]
+        inv_freq = rope_inv_freq(model_config)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layer_list()):
             x, (k, v) = layer.decode(
@@ -473,8 +500,8 @@ class Transformer(nnx.Module):
 
     def _unembed(self) -> jax.Array:
         """Output projection as [hidden, vocab] in the compute dtype."""
-        w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-        return w.astype(self.cfg.jnp_dtype)
+        w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        return w.astype(self.config.jnp_dtype)
 
     def logits(self, h: jax.Array) -> jax.Array:
         """float32 logits of hidden states h [..., hidden]."""
@@ -502,7 +529,7 @@ class Transformer(nnx.Module):
         `segment_ids`: packed rows, as in `hidden`.
         """
         h, _ = self.hidden(tokens, positions, mask, segment_ids=segment_ids)
-        return chunked_logprobs(h, self._unembed(), targets, self.cfg.logits_chunk, temperature)
+        return chunked_logprobs(h, self._unembed(), targets, self.config.logits_chunk, temperature)
 
 
 def chunked_logprobs(

@@ -185,18 +185,18 @@ def compute_advantages(
       `(advantages, metrics)`: advantages shaped like `rewards`; scalar metrics
       (`adv/mean`, `adv/abs_mean`, `adv/zero_var_frac`, plus `daa/*` when DAA runs).
     """
-    cfg = config or AdvantageConfig()
+    config = config or AdvantageConfig()
     shape = jnp.shape(rewards)
     x = to_groups(as_float(rewards), group_size)
     vg = to_groups(valid_or_ones(valid, jnp.asarray(rewards)), group_size)
-    adv = ADVANTAGE_ESTIMATORS.get(cfg.estimator)(x, vg, cfg)
+    adv = ADVANTAGE_ESTIMATORS.get(config.estimator)(x, vg, config)
     if jnp.shape(adv) != x.shape:
         raise ValueError(
-            f"advantage estimator {cfg.estimator!r} returned shape {jnp.shape(adv)}, "
+            f"advantage estimator {config.estimator!r} returned shape {jnp.shape(adv)}, "
             f"expected {x.shape}"
         )
     adv = adv.reshape(shape)
-    metrics = _advantage_metrics(adv, rewards, group_size, valid, cfg.std_ddof)
+    metrics = _advantage_metrics(adv, rewards, group_size, valid, config.std_ddof)
     if daa is not None and daa.estimator != "none":
         adv, daa_metrics = apply_daa(
             adv,

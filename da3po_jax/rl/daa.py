@@ -381,7 +381,7 @@ def apply_daa(
       `daa/lambda_mean` and `daa/lambda_max` (over hard groups; 1 if none),
       `daa/pos_share_before` and `daa/pos_share_after` (sum A+ / sum |A| over valid responses).
     """
-    cfg = config or DAAConfig()
+    config = config or DAAConfig()
     shape = jnp.shape(advantages)
     adv = to_groups(as_float(advantages), group_size)
     c = to_groups(jnp.asarray(correct), group_size) > 0
@@ -391,9 +391,9 @@ def apply_daa(
         kept = (mu > 0) & (mu < 1)
     else:
         kept = jnp.asarray(group_valid, bool) & (n > 0)
-    hard = kept & (mu > 0) & (mu < cfg.tau) & (cfg.estimator != "none") & cfg.enable
-    lam = jnp.where(hard, daa_lambda(mu, k, n, cfg, prior, history), 1.0)
-    target = v & (c if cfg.apply_to == "correct" else True)
+    hard = kept & (mu > 0) & (mu < config.tau) & (config.estimator != "none") & config.enable
+    lam = jnp.where(hard, daa_lambda(mu, k, n, config, prior, history), 1.0)
+    target = v & (c if config.apply_to == "correct" else True)
     new = jnp.where(target, lam[:, None] * adv, adv)
     metrics = {
         "daa/frac_hard": safe_div(hard.sum(), kept.sum()),

@@ -108,20 +108,20 @@ def loss_normalizer(mask: jax.Array, agg: str = "token-mean", axis_name: Any = N
     return val
 
 
-def _log_ratio(logp_new, logp_old, m, cfg: LossConfig):
+def _log_ratio(logp_new, logp_old, m, config: LossConfig):
     """Token d = clamp(logp_new - logp_old, -c, c) and the d used by the loss.
 
     The latter is d itself, or its masked row mean broadcast over the row (sequence level).
     """
-    d = jnp.clip(logp_new - logp_old, -cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    d = jnp.clip(logp_new - logp_old, -config.log_ratio_clamp, config.log_ratio_clamp)
     d = jnp.where(m > 0, d, 0.0)
-    if cfg.ratio_level == "sequence":
+    if config.ratio_level == "sequence":
         seq = safe_div(d.sum(-1), m.sum(-1))
         return d, jnp.broadcast_to(seq[:, None], d.shape)
     return d, d
 
 
-def _kl_to_ref(logp_new, logp_ref, cfg: LossConfig):
+def _kl_to_ref(logp_new, logp_ref, config: LossConfig):
     """Per-token k1 = logp - logp_ref, or k3 = exp(x) - x - 1 clamped to [-10, 10] with
     x = clamp(ref - logp, -20, 20).
 
@@ -129,10 +129,10 @@ def _kl_to_ref(logp_new, logp_ref, cfg: LossConfig):
     finite but not the gradient (exp(x) overflows to inf in float32 for x > ~88, and
     inf * 0 from the outer clamp's gradient is NaN).
     """
-    if cfg.kl_estimator == "k1":
+    if config.kl_estimator == "k1":
         return logp_new - logp_ref
-    x = jnp.clip(logp_ref - logp_new, -cfg.log_ratio_clamp, cfg.log_ratio_clamp)
-    return jnp.clip(jnp.exp(x) - x - 1.0, -cfg.kl_clamp, cfg.kl_clamp)
+    x = jnp.clip(logp_ref - logp_new, -config.log_ratio_clamp, config.log_ratio_clamp)
+    return jnp.clip(jnp.exp(x) - x - 1.0, -config.kl_clamp, config.kl_clamp)
 
 
 def _entropy_from_logits(logits: jax.Array) -> jax.Array:
@@ -163,17 +163,17 @@ def _aggregate(tok_loss, m, agg: str, normalizer):
     return safe_div(total, normalizer)
 
 
-def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified, is_weights):
+def _metrics(d, rho, adv, m, config: LossConfig, pg_loss, kl, entropy, amplified, is_weights):
     """Token metrics over this batch's valid tokens (stop-gradient); d is the token log-ratio."""
     n = m.sum()
     mean = lambda x: safe_div((m * x).sum(), n)
-    low = (adv < 0) & (rho < 1 - cfg.eps_low)
-    high = (adv > 0) & (rho > 1 + cfg.eps_high)
+    low = (adv < 0) & (rho < 1 - config.eps_low)
+    high = (adv > 0) & (rho > 1 + config.eps_high)
     out = {
         "loss/pg": pg_loss,
         "loss/clipfrac_low": mean(low),
         "loss/clipfrac_high": mean(high),
-        "loss/clipfrac_dual": mean((adv < 0) & (rho > cfg.clip_ratio_c)),
+        "loss/clipfrac_dual": mean((adv < 0) & (rho > config.clip_ratio_c)),
         "loss/approx_kl": mean(jnp.expm1(d) - d),
         "loss/ratio_mean": mean(rho),
         "loss/ratio_max": jnp.where(n > 0, jnp.where(m > 0, rho, -jnp.inf).max(), 0.0),
@@ -189,7 +189,7 @@ def _metrics(d, rho, adv, m, cfg: LossConfig, pg_loss, kl, entropy, amplified, i
         out["loss/num_amplified_tokens"] = am.sum()
     if is_weights is not None:
         out["loss/tis_weight_mean"] = mean(is_weights)
-        out["loss/tis_capped_frac"] = mean(is_weights >= cfg.tis_cap * (1 - 1e-6))
+        out["loss/tis_capped_frac"] = mean(is_weights >= config.tis_cap * (1 - 1e-6))
     return jax.tree.map(jax.lax.stop_gradient, out)
 
 

@@ -88,13 +88,13 @@ def opd_advantages(
     Returns:
       `[B, T]` advantages for `da3po_loss`.
     """
-    cfg = config or OPDConfig()
+    config = config or OPDConfig()
     m = jnp.asarray(mask) > 0
     k = jnp.where(m, as_float(logp_student_old) - as_float(logp_teacher), 0.0)
-    adv = -cfg.coef * k
-    if cfg.gamma > 0:
-        adv = _discounted_reverse_cumsum(adv, cfg.gamma)
-    if cfg.with_outcome:
+    adv = -config.coef * k
+    if config.gamma > 0:
+        adv = _discounted_reverse_cumsum(adv, config.gamma)
+    if config.with_outcome:
         if outcome_advantages is None:
             raise ValueError("OPDConfig.with_outcome needs outcome_advantages")
         adv = adv + as_float(outcome_advantages)[:, None]
@@ -134,17 +134,17 @@ def ra_opd_mask(
       `(keep, metrics)`: `[B]` bool keep mask; `ra_opd/kept_frac`,
       `ra_opd/aligned_frac_correct`, `ra_opd/aligned_frac_incorrect` over valid trajectories.
     """
-    cfg = config or RAOPDConfig()
+    config = config or RAOPDConfig()
     d = as_float(d_return)
     v = valid_or_ones(valid, d)
-    if cfg.baseline == "group_mean":
+    if config.baseline == "group_mean":
         if group_size is None:
             raise ValueError("baseline='group_mean' needs group_size")
         dg, vg = to_groups(d, group_size), to_groups(v, group_size)
         mean = safe_div(jnp.where(vg, dg, 0).sum(-1), vg.sum(-1))
         d = (dg - mean[:, None]).reshape(d.shape)
     c = jnp.asarray(correct) > 0
-    aligned = jnp.where(c, d > cfg.delta, d < -cfg.delta)
+    aligned = jnp.where(c, d > config.delta, d < -config.delta)
     keep = aligned & v
     metrics = {
         "ra_opd/kept_frac": safe_div(keep.sum(), v.sum()),

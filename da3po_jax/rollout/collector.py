@@ -270,24 +270,24 @@ class Collector:
 
         `params` are policy version `version` (the optimizer steps they have taken).
         Returns the batch and the new carry."""
-        cfg, engine = self.config, self.engine
+        config, engine = self.config, self.engine
         engine.sync_weights(params, version)
         tokens_before = _count(engine)
-        pending = empty_pending(engine, cfg.capacity, like=carry.surplus.items)
+        pending = empty_pending(engine, config.capacity, like=carry.surplus.items)
         pending, _ = self._seed_buffer(pending, carry.surplus.items, carry.surplus.valid)
         stats = RoundStats(self.judged_max())
         outcomes: list[tuple[jax.Array, jax.Array]] = []
         admitted, count = 0, int(pending.count)
         while True:
-            room = min(engine.capacity(), cfg.max_prompts - admitted)
-            if count < cfg.capacity and room > 0:
+            room = min(engine.capacity(), config.max_prompts - admitted)
+            if count < config.capacity and room > 0:
                 keys = prompt_keys(key, room, start=admitted)
                 engine.admit(self.iterator.next_batch(room), keys)
                 admitted += room
                 continue
             if not engine.in_flight():
                 break
-            if count >= cfg.capacity and not engine.overdue(version):
+            if count >= config.capacity and not engine.overdue(version):
                 break  # the rest goes on in the next step (partial rollouts)
             done = engine.finished()
             for groups in done:
@@ -295,13 +295,13 @@ class Collector:
             if done:  # one sync per return, none while the engine only decoded
                 count = int(pending.count)
                 self._report(count, admitted)
-        batch, surplus = self._take(pending, n=cfg.capacity)
+        batch, surplus = self._take(pending, n=config.capacity)
         self._warn(admitted, count, int(stats.dropped))  # one sync, not one per group
         acc, acc_valid = stats.group_accuracies()
-        prior = self._prior_update(carry.prior, acc, acc_valid, decay=cfg.daa.prior_ema)
+        prior = self._prior_update(carry.prior, acc, acc_valid, decay=config.daa.prior_ema)
         carry = carry.replace(surplus=surplus, prior=prior)
         metrics = stats.summary(
-            admitted, min(count, cfg.capacity), cfg.capacity, int(surplus.count)
+            admitted, min(count, config.capacity), config.capacity, int(surplus.count)
         )
         if tokens_before is not None:  # rows still in flight and later dropped included
             metrics["_gen_tokens"] = float(_count(engine) - tokens_before)
@@ -374,14 +374,14 @@ class Collector:
             self.progress(f"sampling: {kept}/{self.config.capacity} kept of {admitted} prompts")
 
     def _warn(self, admitted: int, count: int, dropped: int) -> None:
-        cfg = self.config
-        if count < cfg.capacity:
+        config = self.config
+        if count < config.capacity:
             log.warning(
                 "dynamic sampling reached ds.max_prompts=%d admitted prompts with %d of %d "
                 "groups; training on what was kept",
-                cfg.max_prompts,
+                config.max_prompts,
                 count,
-                cfg.capacity,
+                config.capacity,
             )
         if dropped:
             log.warning(

@@ -89,7 +89,7 @@ class ContinuousEngine:
     ):
         self.decoder, self.encoder, self.scorer, self.mesh = decoder, encoder, scorer, mesh
         self.index_of = index_of
-        g, s = decoder.group_size, decoder.sc.slots
+        g, s = decoder.group_size, decoder.slot_config.slots
         self.group_size, self.prompt_len = g, prompt_len
         self.max_new_tokens = decoder.gen.max_new_tokens
         self.max_in_flight = max_in_flight
@@ -115,7 +115,7 @@ class ContinuousEngine:
             steps_per_call=parts.steps_per_call,
             block=parts.attention_block,
         )
-        decoder = SlotDecoder(parts.graphdef, parts.model_cfg, parts.gen, slots, parts.mesh)
+        decoder = SlotDecoder(parts.graphdef, parts.model_config, parts.gen, slots, parts.mesh)
         return cls(
             decoder,
             parts.encoder,

@@ -149,7 +149,7 @@ class EngineParts:
     """Everything an engine is built from (`from_parts`).
 
     Attributes:
-      graphdef, model_cfg: the policy's graph and architecture.
+      graphdef, model_config: the policy's graph and architecture.
       gen: sampling settings (num_samples = G, length cap, stop and pad ids).
       encoder: prompt tokenisation; scorer: the reward worker pool.
       prompt_len: the padded prompt length of the returned groups (training groups of
@@ -164,7 +164,7 @@ class EngineParts:
     """
 
     graphdef: Any
-    model_cfg: ModelConfig
+    model_config: ModelConfig
     gen: GenerateConfig
     encoder: PromptEncoder
     scorer: RewardScorer

@@ -79,7 +79,7 @@ class StaticEngine:
     def from_parts(cls, parts: EngineParts) -> StaticEngine:
         """An engine with its own `Sampler` (its cache freed by `release`)."""
         return cls(
-            Sampler(parts.graphdef, parts.model_cfg, parts.gen),
+            Sampler(parts.graphdef, parts.model_config, parts.gen),
             parts.encoder,
             parts.scorer,
             parts.gen,

@@ -37,45 +37,48 @@ from da3po_jax.update import PackConfig, PolicyUpdate, UpdateConfig
 from da3po_jax.update.state import init_train_state, make_optimizer
 
 
-def update_config(s: Settings) -> UpdateConfig:
+def update_config(settings: Settings) -> UpdateConfig:
     """The update's static settings."""
     return UpdateConfig(
-        group_size=s.rollout.group_size,
-        mini_batch_prompts=s.rl.mini_batch_prompts,
-        micro_batch_prompts=s.rl.micro_batch_prompts,
-        num_iterations=s.rl.num_iterations,
-        loss=s.loss,
-        adv=s.adv,
-        daa=s.daa_on,
-        overlong=s.overlong,
+        group_size=settings.rollout.group_size,
+        mini_batch_prompts=settings.rl.mini_batch_prompts,
+        micro_batch_prompts=settings.rl.micro_batch_prompts,
+        num_iterations=settings.rl.num_iterations,
+        loss=settings.loss,
+        adv=settings.adv,
+        daa=settings.daa_on,
+        overlong=settings.overlong,
         # partial rollouts: the proximal policy is the step's weights (decoupled objective)
-        recompute_logp_old=s.rollout.logp_old == "recompute" or s.rollout.max_staleness > 0,
-        opd=s.opd_on,
-        ra_opd=s.ra_opd_on,
-        pack=PackConfig(s.rl.pack_length, s.rl.pack_rows) if s.rl.packing else None,
+        recompute_logp_old=settings.rollout.logp_old == "recompute"
+        or settings.rollout.max_staleness > 0,
+        opd=settings.opd_on,
+        ra_opd=settings.ra_opd_on,
+        pack=PackConfig(settings.rl.pack_length, settings.rl.pack_rows)
+        if settings.rl.packing
+        else None,
     )
 
 
-def collect_config(s: Settings) -> CollectConfig:
+def collect_config(settings: Settings) -> CollectConfig:
     """The collect stage's settings; the DAA rule decides what the carry tracks."""
-    capacity = s.rl.train_prompts
+    capacity = settings.rl.train_prompts
     return CollectConfig(
         capacity=capacity,
-        max_prompts=s.ds.max_prompts if s.ds.enable else capacity,
+        max_prompts=settings.ds.max_prompts if settings.ds.enable else capacity,
         keep=KeepRule(
-            enable=bool(s.ds.enable),
-            metric=s.ds.metric,
-            group_size=s.rollout.group_size,
-            overlong=s.overlong,
+            enable=bool(settings.ds.enable),
+            metric=settings.ds.metric,
+            group_size=settings.rollout.group_size,
+            overlong=settings.overlong,
         ),
-        daa=s.daa,
+        daa=settings.daa,
     )
 
 
 def make_engine(
     ctx: RunContext,
     graphdef,
-    model_cfg,
+    model_config,
     gen: GenerateConfig,
     problems: Sequence[MathProblem],
     round_size: int,
@@ -86,10 +89,10 @@ def make_engine(
     """The configured engine (`rollout.engine`) for groups of `problems` (their longest
     prompt sets the prompt length); `round_size` prompts per call of a round engine.
     Only `training`'s engine carries groups across steps (`rollout.max_staleness`)."""
-    r = ctx.settings.rollout
+    rollout = ctx.settings.rollout
     parts = EngineParts(
         graphdef=graphdef,
-        model_cfg=model_cfg,
+        model_config=model_config,
         gen=gen,
         encoder=ctx.encoder,
         scorer=ctx.scorer,
@@ -97,22 +100,22 @@ def make_engine(
         round_size=round_size,
         index_of=index_of or {},
         mesh=ctx.mesh,
-        slots=r.slots,
-        steps_per_call=r.steps_per_call,
-        attention_block=r.attention_block,
-        max_staleness=r.max_staleness if training else 0,
-        partial_kv=r.partial_kv,
+        slots=rollout.slots,
+        steps_per_call=rollout.steps_per_call,
+        attention_block=rollout.attention_block,
+        max_staleness=rollout.max_staleness if training else 0,
+        partial_kv=rollout.partial_kv,
     )
-    return build_engine(r.engine, parts)
+    return build_engine(rollout.engine, parts)
 
 
 def eval_engine(
-    ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig, problems: Sequence[MathProblem]
+    ctx: RunContext, graphdef, model_config, gen: GenerateConfig, problems: Sequence[MathProblem]
 ) -> RolloutEngine:
     """The engine of a held-out evaluation of `problems`: `eval.prompts_per_call` prompts
     per call (fewer when there are fewer problems)."""
     size = min(ctx.settings.eval.prompts_per_call, len(problems))
-    return make_engine(ctx, graphdef, model_cfg, gen, problems, size)
+    return make_engine(ctx, graphdef, model_config, gen, problems, size)
 
 
 def heldout_problems(ctx: RunContext) -> list[MathProblem]:
@@ -129,77 +132,84 @@ def build_trainer(
 ) -> RLTrainer:
     """The RL loop for `ctx.settings`, its stages wired (see the module docstring). OPD /
     RA-OPD also take the frozen `teacher` (never updated, never checkpointed)."""
-    s, mesh = ctx.settings, ctx.mesh
-    cfg = update_config(s)
-    if cfg.opd is not None and teacher is None:
-        raise ValueError(f"algo={s.algo!r} needs the teacher model (config.teacher)")
-    tx, schedule = make_optimizer(s.optim, s.train.steps, s.updates_per_step)
-    graphdef, state = init_train_state(model, tx, s.seed, mesh)
+    settings, mesh = ctx.settings, ctx.mesh
+    config = update_config(settings)
+    if config.opd is not None and teacher is None:
+        raise ValueError(f"algo={settings.algo!r} needs the teacher model (config.teacher)")
+    tx, schedule = make_optimizer(settings.optim, settings.train.steps, settings.updates_per_step)
+    graphdef, state = init_train_state(model, tx, settings.seed, mesh)
     update = PolicyUpdate(
         graphdef,
         tx,
         schedule,
-        cfg,
+        config,
         state_shardings=jax.tree.map(lambda x: x.sharding, state) if mesh else None,
         mesh=mesh,
         # a frozen copy: the policy's buffers are donated each step
-        ref_params=jax.tree.map(jnp.copy, state.params) if s.loss.kl_coef > 0 else None,
+        ref_params=jax.tree.map(jnp.copy, state.params) if settings.loss.kl_coef > 0 else None,
         teacher=nnx.split(teacher) if teacher is not None else None,
     )
-    gen, eval_gen = generate_configs(s, ctx.tokenizer)
+    gen, eval_gen = generate_configs(settings, ctx.tokenizer)
     index_of = {p.id: i for i, p in enumerate(ctx.data.train)}
     engine = make_engine(
-        ctx, graphdef, model.cfg, gen, ctx.data.train, s.round_size, index_of, training=True
+        ctx,
+        graphdef,
+        model.config,
+        gen,
+        ctx.data.train,
+        settings.round_size,
+        index_of,
+        training=True,
     )
     # every host walks the same global stream; each feeds its rows of every batch
-    iterator = PromptIterator(ctx.data.train, seed=s.seed)
-    collector = Collector(engine, iterator, collect_config(s), mesh)
+    iterator = PromptIterator(ctx.data.train, seed=settings.seed)
+    collector = Collector(engine, iterator, collect_config(settings), mesh)
     logger = MetricsLogger(
         ctx.workdir,
         enabled=is_main_process(),
-        wandb_project=s.train.wandb_project,
-        config=s.to_dict(),
+        wandb_project=settings.train.wandb_project,
+        config=settings.to_dict(),
     )
     return RLTrainer(
-        s,
+        settings,
         state,
         collector.initial_carry(len(ctx.data.train)),
         collector,
         update,
-        heldout_eval(ctx, graphdef, model.cfg, eval_gen, logger.write_samples),
-        Checkpointer(ctx.workdir, s.train.keep_checkpoints, finite=("['train']",)),
+        heldout_eval(ctx, graphdef, model.config, eval_gen, logger.write_samples),
+        Checkpointer(ctx.workdir, settings.train.keep_checkpoints, finite=("['train']",)),
         logger,
         stop=ctx.stop,
         on_resumed=on_resumed,
-        perf=step_perf(s, model, teacher, engine, update, collector, mesh),
+        perf=step_perf(settings, model, teacher, engine, update, collector, mesh),
     )
 
 
 def heldout_eval(
-    ctx: RunContext, graphdef, model_cfg, gen: GenerateConfig, on_samples=None
+    ctx: RunContext, graphdef, model_config, gen: GenerateConfig, on_samples=None
 ) -> HeldoutEval:
     """The loop's periodic eval on the first `eval.max_prompts` held-out problems, through
     an engine of the configured kind (its memory freed after each eval), grouped by
     `eval.group_by`; `eval.log_samples` responses go to `on_samples(step, records)`."""
-    s = ctx.settings
+    settings = ctx.settings
     problems = heldout_problems(ctx)
     if not problems:
-        return HeldoutEval(None, [], s.seed)
-    check_group_by(problems, s.eval.group_by)
+        return HeldoutEval(None, [], settings.seed)
+    check_group_by(problems, settings.eval.group_by)
     return HeldoutEval(
-        eval_engine(ctx, graphdef, model_cfg, gen, problems),
+        eval_engine(ctx, graphdef, model_config, gen, problems),
         problems,
-        s.seed,
-        by=s.eval.group_by,
+        settings.seed,
+        by=settings.eval.group_by,
         tokenizer=ctx.tokenizer,
         render=ctx.encoder.render,
-        log_samples=s.eval.log_samples,
+        log_samples=settings.eval.log_samples,
         on_samples=on_samples,
     )
 
 
 def step_perf(
-    s: Settings, model, teacher, engine: RolloutEngine, update: PolicyUpdate, collector, mesh
+    settings: Settings, model, teacher, engine: RolloutEngine, update: PolicyUpdate, collector, mesh
 ) -> StepPerf:
     """Compile counts of the step's jitted functions, and the update's model FLOPs: the
     training passes plus the frozen forwards, over every row of the padded batch or,
@@ -211,37 +221,43 @@ def step_perf(
     for name in ("admit_groups", "decode_steps"):
         counts.watch(name, count=lambda name=name: continuous.trace_counts().get(name, 0))
     seq = engine.prompt_len + engine.max_new_tokens
-    teacher_cfg = teacher.cfg if teacher is not None else None
-    flops = padded_update_flops(s, model.cfg, teacher_cfg, seq, update.forwards())
-    iterations = s.rl.num_iterations
+    teacher_model_config = teacher.config if teacher is not None else None
+    flops = padded_update_flops(
+        settings, model.config, teacher_model_config, seq, update.forwards()
+    )
+    iterations = settings.rl.num_iterations
     devices = mesh.size if mesh is not None else 1
-    if update.cfg.pack is not None:
+    if update.config.pack is not None:
         padded = flops
 
         def flops() -> float:
             lens = update.last_lengths
             if lens is None:
                 return padded
-            fwd = perf.sequence_flops(model.cfg, lens)
-            t = perf.sequence_flops(teacher.cfg, lens) if teacher is not None else 0.0
+            fwd = perf.sequence_flops(model.config, lens)
+            t = perf.sequence_flops(teacher.config, lens) if teacher is not None else 0.0
             return (iterations * 3 + update.forwards()) * fwd + t
 
-    return StepPerf(counts, flops, lambda: perf.peak_flops(s.model.dtype), devices)
+    return StepPerf(counts, flops, lambda: perf.peak_flops(settings.model.dtype), devices)
 
 
 def padded_update_flops(
-    s: Settings, model_cfg, teacher_cfg, seq: int, extra_forwards: int
+    settings: Settings, model_config, teacher_model_config, seq: int, extra_forwards: int
 ) -> float:
     """Model FLOPs of one step's update over every row of the padded batch at `seq`
     tokens: the training passes, `extra_forwards` frozen forwards of the policy's
     architecture (`PolicyUpdate.forwards`) and the teacher's forward (None: no teacher)."""
-    rows = s.rl.train_prompts * s.rollout.group_size
-    teacher = perf.forward_flops(teacher_cfg, rows, seq) if teacher_cfg is not None else 0.0
+    rows = settings.rl.train_prompts * settings.rollout.group_size
+    teacher = (
+        perf.forward_flops(teacher_model_config, rows, seq)
+        if teacher_model_config is not None
+        else 0.0
+    )
     return perf.update_flops(
-        model_cfg,
+        model_config,
         rows,
         seq,
-        num_iterations=s.rl.num_iterations,
+        num_iterations=settings.rl.num_iterations,
         extra_forwards=extra_forwards,
         extra_flops=teacher,
     )

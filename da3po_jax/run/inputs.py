@@ -41,42 +41,42 @@ class Datasets:
     sft: list[MathProblem]
 
 
-def tokenizer_for(s: Settings, workdir: str, staging: str | None = None) -> Tokenizer:
+def tokenizer_for(settings: Settings, workdir: str, staging: str | None = None) -> Tokenizer:
     """The run's tokenizer: the tiny BPE built into the workdir, or a folder's.
 
     With `staging`, a tiny tokenizer the workdir lacks is built there instead, so that a
     run refused later writes nothing; `install_tokenizer` moves it into the workdir.
     """
-    if s.tokenizer.build_tiny:
+    if settings.tokenizer.build_tiny:
         path = os.path.join(workdir, "tokenizer")
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             return Tokenizer.load(path)
         if staging is not None:
-            _build_tiny_tokenizer(s, os.path.join(staging, "tokenizer"))
+            _build_tiny_tokenizer(settings, os.path.join(staging, "tokenizer"))
             return Tokenizer.load(os.path.join(staging, "tokenizer"))
-        install_tokenizer(s, workdir)
+        install_tokenizer(settings, workdir)
         return Tokenizer.load(path)
-    return Tokenizer.load(tokenizer_dir(s, workdir))
+    return Tokenizer.load(tokenizer_dir(settings, workdir))
 
 
-def _build_tiny_tokenizer(s: Settings, path: str) -> None:
-    corpus_texts = corpus(900, seed=0, template=s.data.template)
-    build_bpe_tokenizer(path, corpus_texts, vocab_size=s.tokenizer.vocab_size)
+def _build_tiny_tokenizer(settings: Settings, path: str) -> None:
+    corpus_texts = corpus(900, seed=0, template=settings.data.template)
+    build_bpe_tokenizer(path, corpus_texts, vocab_size=settings.tokenizer.vocab_size)
 
 
-def tokenizer_dir(s: Settings, workdir: str) -> str:
+def tokenizer_dir(settings: Settings, workdir: str) -> str:
     """The folder holding the run's tokenizer files (copied next to every exported model):
     the tiny BPE in `<workdir>/tokenizer`, else `tokenizer.path` or `model.path`."""
-    if s.tokenizer.build_tiny:
+    if settings.tokenizer.build_tiny:
         return os.path.join(workdir, "tokenizer")
-    return s.tokenizer.path or s.model.path
+    return settings.tokenizer.path or settings.model.path
 
 
-def install_tokenizer(s: Settings, workdir: str, staging: str | None = None) -> None:
+def install_tokenizer(settings: Settings, workdir: str, staging: str | None = None) -> None:
     """Puts the tiny tokenizer into `<workdir>/tokenizer` (copied from `staging`, where
     `tokenizer_for` built it, or built now) unless it is there already."""
     path = os.path.join(workdir, "tokenizer")
-    if not s.tokenizer.build_tiny or os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if not settings.tokenizer.build_tiny or os.path.isfile(os.path.join(path, "tokenizer.json")):
         return
     # deterministic, so every process of a multi-host run may build it; the first
     # rename wins and the others drop their copy
@@ -86,7 +86,7 @@ def install_tokenizer(s: Settings, workdir: str, staging: str | None = None) -> 
     if src and os.path.isfile(os.path.join(src, "tokenizer.json")):
         shutil.copytree(src, tmp)
     else:
-        _build_tiny_tokenizer(s, tmp)
+        _build_tiny_tokenizer(settings, tmp)
     try:
         os.replace(tmp, path)
     except OSError:
@@ -95,27 +95,29 @@ def install_tokenizer(s: Settings, workdir: str, staging: str | None = None) -> 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def generate_configs(s: Settings, tokenizer: Tokenizer) -> tuple[GenerateConfig, GenerateConfig]:
+def generate_configs(
+    settings: Settings, tokenizer: Tokenizer
+) -> tuple[GenerateConfig, GenerateConfig]:
     """(rollout, eval) sampling settings of the run: G samples at the rollout temperature,
     and `eval.num_samples` at the eval temperature / top-p (top-k as in the rollout)."""
-    r = s.rollout
-    rollout = GenerateConfig(
-        num_samples=r.group_size,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_k=r.top_k,
-        top_p=r.top_p,
+    rollout = settings.rollout
+    train_gen = GenerateConfig(
+        num_samples=rollout.group_size,
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_k=rollout.top_k,
+        top_p=rollout.top_p,
         stop_ids=tokenizer.eos_ids,
         pad_id=tokenizer.pad_id,
-        gather_weights=r.gather_weights,
+        gather_weights=rollout.gather_weights,
     )
-    evaluation = rollout.replace(
-        num_samples=s.eval.num_samples,
-        temperature=s.eval.temperature,
-        top_p=s.eval.top_p,
-        max_new_tokens=s.eval_max_new_tokens,
+    eval_gen = train_gen.replace(
+        num_samples=settings.eval.num_samples,
+        temperature=settings.eval.temperature,
+        top_p=settings.eval.top_p,
+        max_new_tokens=settings.eval_max_new_tokens,
     )
-    return rollout, evaluation
+    return train_gen, eval_gen
 
 
 def policy_model(
@@ -144,9 +146,9 @@ def policy_model(
         policy = init_model(
             policy_config(model, tokenizer, preset=preset), seed=seed, sharding=sharding
         )
-    if policy.cfg.vocab_size < tokenizer.vocab_size:
+    if policy.config.vocab_size < tokenizer.vocab_size:
         raise ValueError(
-            f"the model's vocab_size={policy.cfg.vocab_size} is smaller than the "
+            f"the model's vocab_size={policy.config.vocab_size} is smaller than the "
             f"tokenizer's {tokenizer.vocab_size}"
         )
     return policy
@@ -232,23 +234,23 @@ def load_datasets(d: DataSettings, seed: int) -> Datasets:
     return Datasets(train, heldout, train)
 
 
-def prompt_renderer(s: Settings, tokenizer: Tokenizer):
+def prompt_renderer(settings: Settings, tokenizer: Tokenizer):
     """problem -> the exact text the policy sees (template, then chat template)."""
-    system = s.tokenizer.system_prompt or None
+    system = settings.tokenizer.system_prompt or None
 
     def render(problem: MathProblem) -> str:
-        return render_question(tokenizer, problem.prompt, s.data.template, system)
+        return render_question(tokenizer, problem.prompt, settings.data.template, system)
 
     return render
 
 
-def scorer_kwargs(r: RewardSettings) -> dict:
+def scorer_kwargs(reward: RewardSettings) -> dict:
     """`RewardScorer`'s arguments from the `reward` settings."""
     return dict(
-        num_workers=max(r.num_workers, 1),
-        timeout_s=r.timeout_s,
-        correct_reward=r.correct,
-        incorrect_reward=r.incorrect,
-        verifier=r.verifier,
-        fallback=r.fallback,
+        num_workers=max(reward.num_workers, 1),
+        timeout_s=reward.timeout_s,
+        correct_reward=reward.correct,
+        incorrect_reward=reward.incorrect,
+        verifier=reward.verifier,
+        fallback=reward.fallback,
     )

@@ -63,35 +63,39 @@ def train(config, workdir: str) -> dict[str, Any]:
     Returns:
       A summary: held-out accuracy before and after (by tier) and the workdir's files.
     """
-    s = resolve_settings(config)
+    settings = resolve_settings(config)
     workdir = workdir_path(workdir)
     pending = PendingLogs()
     staging = tempfile.mkdtemp(prefix="da3po-staging-")
     try:
-        mesh = make_mesh(s.mesh.shape)
+        mesh = make_mesh(settings.mesh.shape)
         log.info("mesh %s over %d devices", dict(mesh.shape), mesh.size)
-        tokenizer = tokenizer_for(s, workdir, staging)
-        encoder = PromptEncoder(tokenizer, prompt_renderer(s, tokenizer), s.rollout.buckets)
-        data = usable_prompts(load_datasets(s.data, s.seed), encoder)
+        tokenizer = tokenizer_for(settings, workdir, staging)
+        encoder = PromptEncoder(
+            tokenizer, prompt_renderer(settings, tokenizer), settings.rollout.buckets
+        )
+        data = usable_prompts(load_datasets(settings.data, settings.seed), encoder)
         log.info(
             "data: %d train, %d held-out, %d sft problems",
             len(data.train),
             len(data.heldout),
             len(data.sft),
         )
-        validate_run(s, workdir, mesh, tokenizer, data, encoder.render)
-        model = None if s.stage == "sft" else _load_policy(s, workdir, tokenizer, mesh)
-        accept = lambda: pending.accept(s, workdir, staging)  # noqa: E731
-        resuming = s.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
+        validate_run(settings, workdir, mesh, tokenizer, data, encoder.render)
+        model = (
+            None if settings.stage == "sft" else _load_policy(settings, workdir, tokenizer, mesh)
+        )
+        accept = lambda: pending.accept(settings, workdir, staging)  # noqa: E731
+        resuming = settings.stage == "rl" and os.path.isdir(os.path.join(workdir, "checkpoints"))
         with locked_workdir(workdir):
             if not resuming or os.path.isdir(os.path.join(staging, "tokenizer")):
                 accept()  # else once the checkpoint is restored: a damaged one may refuse
             with (
-                open_context(s, workdir, tokenizer, data, mesh, encoder) as ctx,
+                open_context(settings, workdir, tokenizer, data, mesh, encoder) as ctx,
                 stop_on_signals() as stop,
             ):
                 ctx = ctx.replace(stop=stop)
-                if s.stage == "sft":
+                if settings.stage == "sft":
                     return _sft_stage(ctx)
                 return _rl_stage(ctx, model, accept)
     finally:
@@ -100,51 +104,55 @@ def train(config, workdir: str) -> dict[str, Any]:
 
 
 def _rl_stage(ctx: RunContext, model, accept) -> dict[str, Any]:
-    s = ctx.settings
-    if s.distillation:
+    settings = ctx.settings
+    if settings.distillation:
         build_teacher(ctx)
     if model is None:
         model = _warm_start_policy(ctx)
     teacher, teacher_eval = None, {}
-    if s.distillation:
+    if settings.distillation:
         probes = [ctx.encoder.render(p) for p in ctx.data.train[:2]]
-        teacher = load_teacher(s, ctx.tokenizer, model, ctx.mesh, probes)
-        if s.teacher.eval:
+        teacher = load_teacher(settings, ctx.tokenizer, model, ctx.mesh, probes)
+        if settings.teacher.eval:
             teacher_eval = _teacher_eval(ctx, teacher)
     trainer = build_trainer(ctx, model, teacher, on_resumed=accept)
     try:
         evals = trainer.run()
     finally:
         trainer.close()
-    if s.train.export_final:
+    if settings.train.export_final:
         policy = nnx.merge(trainer.update.graphdef, trainer.state.params)
         final = os.path.join(ctx.workdir, "final_model")
-        export_policy(policy, final, tokenizer_dir(s, ctx.workdir))
-    return _finish(s, ctx.workdir, trainer, evals, teacher_eval)
+        export_policy(policy, final, tokenizer_dir(settings, ctx.workdir))
+    return _finish(settings, ctx.workdir, trainer, evals, teacher_eval)
 
 
-def _load_policy(s: Settings, workdir: str, tokenizer, mesh):
+def _load_policy(settings: Settings, workdir: str, tokenizer, mesh):
     """The initial policy when it can be read from a folder (`model.init_checkpoint`, a
     cached SFT warm start, `model.path`) or built at random; None when an SFT warm start
     must train it first."""
-    if s.model.init_checkpoint:
+    if settings.model.init_checkpoint:
         return policy_model(
-            s.model, tokenizer, seed=s.seed, path=s.model.init_checkpoint, mesh=mesh
+            settings.model,
+            tokenizer,
+            seed=settings.seed,
+            path=settings.model.init_checkpoint,
+            mesh=mesh,
         )
-    if not s.sft.enable:
-        return policy_model(s.model, tokenizer, seed=s.seed, mesh=mesh)
-    cached = sft_dir(s, workdir)
+    if not settings.sft.enable:
+        return policy_model(settings.model, tokenizer, seed=settings.seed, mesh=mesh)
+    cached = sft_dir(settings, workdir)
     if os.path.isfile(os.path.join(cached, "config.json")):
         log.info("warm start: reusing %s", cached)
-        return policy_model(s.model, tokenizer, seed=s.seed, path=cached, mesh=mesh)
+        return policy_model(settings.model, tokenizer, seed=settings.seed, path=cached, mesh=mesh)
     return None
 
 
 def _warm_start_policy(ctx: RunContext):
-    s = ctx.settings
-    out = sft_dir(s, ctx.workdir)
-    log.info("warm start: %d SFT steps (cached in %s)", s.sft.steps, out)
-    model = policy_model(s.model, ctx.tokenizer, seed=s.seed, mesh=ctx.mesh)
+    settings = ctx.settings
+    out = sft_dir(settings, ctx.workdir)
+    log.info("warm start: %d SFT steps (cached in %s)", settings.sft.steps, out)
+    model = policy_model(settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh)
     return sft_warm_start(ctx, model, out)
 
 
@@ -165,21 +173,21 @@ def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
 
 
 def _heldout_eval(ctx: RunContext, model, desc: str = "eval") -> dict[str, float]:
-    s = ctx.settings
+    settings = ctx.settings
     problems = heldout_problems(ctx)
     if not problems:
         return {}
     graphdef, params = nnx.split(model)
-    gen = generate_configs(s, ctx.tokenizer)[1]
-    engine = eval_engine(ctx, graphdef, model.cfg, gen, problems)
-    rng = jax.random.PRNGKey(s.seed + 1)
-    return evaluate(engine, params, problems, rng, s.eval.group_by, desc)
+    gen = generate_configs(settings, ctx.tokenizer)[1]
+    engine = eval_engine(ctx, graphdef, model.config, gen, problems)
+    rng = jax.random.PRNGKey(settings.seed + 1)
+    return evaluate(engine, params, problems, rng, settings.eval.group_by, desc)
 
 
 def _sft_stage(ctx: RunContext) -> dict[str, Any]:
-    s = ctx.settings
-    out = sft_dir(s, ctx.workdir)
-    model = policy_model(s.model, ctx.tokenizer, seed=s.seed, mesh=ctx.mesh)
+    settings = ctx.settings
+    out = sft_dir(settings, ctx.workdir)
+    model = policy_model(settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh)
     model = sft_warm_start(ctx, model, out)
     summary: dict[str, Any] = {"sft_model": out}
     if ctx.data.heldout:
@@ -188,8 +196,8 @@ def _sft_stage(ctx: RunContext) -> dict[str, Any]:
     return summary
 
 
-def _finish(s: Settings, workdir: str, trainer: RLTrainer, evals, teacher_eval=None):
-    summary: dict[str, Any] = {"algo": s.algo, "steps": int(trainer.state.step)}
+def _finish(settings: Settings, workdir: str, trainer: RLTrainer, evals, teacher_eval=None):
+    summary: dict[str, Any] = {"algo": settings.algo, "steps": int(trainer.state.step)}
     if teacher_eval:
         summary["teacher"] = teacher_eval
     metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -201,14 +209,14 @@ def _finish(s: Settings, workdir: str, trainer: RLTrainer, evals, teacher_eval=N
         summary["plot"] = plot_curves(metrics_path, os.path.join(workdir, "curves.png"))
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
-        _print_summary(s, summary)
+        _print_summary(settings, summary)
     return summary
 
 
-def _print_summary(s: Settings, summary: dict[str, Any]) -> None:
-    k = s.eval.num_samples
+def _print_summary(settings: Settings, summary: dict[str, Any]) -> None:
+    k = settings.eval.num_samples
     before, after = summary.get("before", {}), summary.get("after", {})
-    lines = [f"{s.algo}: {summary['steps']} RL steps; held-out avg@{k} before -> after"]
+    lines = [f"{settings.algo}: {summary['steps']} RL steps; held-out avg@{k} before -> after"]
     for key in sorted(after):
         if key.startswith(f"eval/avg@{k}"):
             lines.append(f"  {key:<24} {before.get(key, float('nan')):.3f} -> {after[key]:.3f}")

@@ -116,15 +116,15 @@ class RLTrainer:
 
     def run(self) -> list[dict[str, float]]:
         """Trains to `train.steps`; returns the eval results of this invocation."""
-        s = self.settings
+        train = self.settings.train
         start = self.restore()
         if self._on_resumed is not None:
             self._on_resumed()
         evals = []
-        if (start == 0 and s.train.eval_every) or self._eval_pending:
+        if (start == 0 and train.eval_every) or self._eval_pending:
             evals.append(self._log_eval())
             self._stop_if_asked()
-        bar = _progress_bar(s, start)
+        bar = _progress_bar(self.settings, start)
         self.collector.progress = bar.set_postfix_str  # dynamic sampling's progress
         for _ in bar:
             if self.tokens.reached:  # train.token_budget: the step before spent it
@@ -134,12 +134,12 @@ class RLTrainer:
             self.logger.write(step, metrics)
             self._nonfinite.check(step, metrics, self.checkpointer.latest_step)
             bar.set_postfix(_progress(metrics, self.tokens))
-            every, last = s.train.eval_every, step == s.train.steps or self.tokens.reached
+            every, last = train.eval_every, step == train.steps or self.tokens.reached
             self._eval_pending = bool(every and (step % every == 0 or last))
             self._stop_if_asked()  # before the eval: a preempted run has seconds, not minutes
             if self._eval_pending:
                 evals.append(self._log_eval())
-            if s.train.checkpoint_every and (step % s.train.checkpoint_every == 0 or last):
+            if train.checkpoint_every and (step % train.checkpoint_every == 0 or last):
                 self.save()
             self._stop_if_asked()
         self.checkpointer.wait()
@@ -353,14 +353,14 @@ class StepPerf:
         return {**metrics, **rate}
 
 
-def _progress_bar(s: Settings, start: int) -> tqdm:
-    if start < s.train.steps:
+def _progress_bar(settings: Settings, start: int) -> tqdm:
+    if start < settings.train.steps:
         log.info("step %d compiles the sampler and the update (later steps reuse them)", start + 1)
     return tqdm(
-        range(start, s.train.steps),
+        range(start, settings.train.steps),
         initial=start,
-        total=s.train.steps,
-        desc=f"{s.algo}",
+        total=settings.train.steps,
+        desc=f"{settings.algo}",
         dynamic_ncols=True,
         disable=not is_main_process(),
     )

@@ -37,28 +37,38 @@ def model_config(
     return get_preset(preset, **overrides)
 
 
-def policy_config(s: Settings) -> ModelConfig:
+def policy_config(settings: Settings) -> ModelConfig:
     """The policy's `ModelConfig` with the run's runtime fields (see `model_config`)."""
-    return model_config(s.model.path, s.model.preset, s.model.runtime_fields(), _vocab(s))
+    return model_config(
+        settings.model.path,
+        settings.model.preset,
+        settings.model.runtime_fields(),
+        _vocab(settings),
+    )
 
 
-def teacher_config(s: Settings, policy: ModelConfig) -> ModelConfig | None:
+def teacher_config(settings: Settings, policy: ModelConfig) -> ModelConfig | None:
     """The OPD teacher's `ModelConfig` (None: no teacher), built with the policy's dtypes
     as `run.teacher.load_teacher` builds it; the policy's shapes when its folder is not
     here yet."""
-    name = s.teacher.path or s.teacher.preset
+    name = settings.teacher.path or settings.teacher.preset
     if not name:
         return None
     try:
-        return model_config(s.teacher.path, s.teacher.preset, s.model.runtime_fields(), _vocab(s))
+        return model_config(
+            settings.teacher.path,
+            settings.teacher.preset,
+            settings.model.runtime_fields(),
+            _vocab(settings),
+        )
     except ValueError:
         log.warning("teacher %r has no config.json here: assuming the policy's shapes", name)
         return policy
 
 
-def _vocab(s: Settings) -> int | None:
+def _vocab(settings: Settings) -> int | None:
     """A random policy's vocabulary when the run builds the tiny tokenizer (as
     `run.inputs.policy_config` sizes it), else None (the model's own)."""
-    if not s.model.path and s.tokenizer.build_tiny:
-        return preset_vocab(s.tokenizer.vocab_size)
+    if not settings.model.path and settings.tokenizer.build_tiny:
+        return preset_vocab(settings.tokenizer.vocab_size)
     return None

@@ -119,7 +119,7 @@ def pick_step(steps: list[int], step: int | None, directory: str) -> int:
     return step
 
 
-def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype: str = ""):
+def restore_policy(settings: Settings, workdir: str, step: int | None, mesh=None, dtype: str = ""):
     """(step, policy) of checkpoint `step` (None: the newest) of the run in `workdir`.
 
     The abstract policy (shapes only, built by `inputs.policy_config` as the run built its
@@ -131,13 +131,13 @@ def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype
     directory = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(directory):  # checked first: Checkpointer would create it
         raise SavedRunError(f"no checkpoints in {workdir!r} (no checkpoints/ folder)")
-    model_cfg = policy_config(s.model, Tokenizer.load(tokenizer_dir(s, workdir)))
+    model_config = policy_config(settings.model, Tokenizer.load(tokenizer_dir(settings, workdir)))
     mesh = mesh if mesh is not None else make_mesh((1, -1, 1))
-    checkpointer = Checkpointer(workdir, s.train.keep_checkpoints)
+    checkpointer = Checkpointer(workdir, settings.train.keep_checkpoints)
     try:
         step = pick_step(checkpointer.all_steps(), step, directory)
         log.info("restoring the policy of step %d from %s", step, directory)
-        graphdef, abstract = abstract_model(model_cfg)
+        graphdef, abstract = abstract_model(model_config)
         shardings = tree_shardings(abstract, mesh)
         abstract = jax.tree.map(
             lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
@@ -150,7 +150,7 @@ def restore_policy(s: Settings, workdir: str, step: int | None, mesh=None, dtype
         checkpointer.close()
     if dtype:
         graphdef, target = abstract_model(
-            dataclasses.replace(model_cfg, param_dtype=dtype, dtype=dtype)
+            dataclasses.replace(model_config, param_dtype=dtype, dtype=dtype)
         )
         params = jax.tree.map(lambda x, t: x.astype(t.dtype), params, target)
     return step, nnx.merge(graphdef, params)

@@ -70,7 +70,11 @@ def check_same_tokenizer(student: Tokenizer, path: str, probes: Sequence[str] = 
 
 
 def load_teacher(
-    s: Settings, tokenizer: Tokenizer, student: Transformer, mesh=None, probes: Sequence[str] = ()
+    settings: Settings,
+    tokenizer: Tokenizer,
+    student: Transformer,
+    mesh=None,
+    probes: Sequence[str] = (),
 ) -> Transformer:
     """The frozen teacher: `teacher.path` (tokenizer checked against the student's) or a
     random-init `teacher.preset` with seed `teacher.seed`, with the policy's runtime
@@ -80,29 +84,37 @@ def load_teacher(
     Raises:
       ValueError: different tokenizer, or a teacher vocabulary smaller than the student's.
     """
-    t = s.teacher
-    if t.path:
-        if not os.path.isfile(os.path.join(t.path, "config.json")):
+    teacher_settings = settings.teacher
+    if teacher_settings.path:
+        if not os.path.isfile(os.path.join(teacher_settings.path, "config.json")):
             raise FileNotFoundError(
-                f"config.teacher.path={t.path!r} holds no config.json (a HF model folder); "
-                "set config.teacher.sft_steps to build a tiny teacher there"
+                f"config.teacher.path={teacher_settings.path!r} holds no config.json (a HF "
+                "model folder); set config.teacher.sft_steps to build a tiny teacher there"
             )
-        check_same_tokenizer(tokenizer, t.path, probes)
-        teacher = policy_model(s.model, tokenizer, seed=s.seed, path=t.path, mesh=mesh)
+        check_same_tokenizer(tokenizer, teacher_settings.path, probes)
+        teacher = policy_model(
+            settings.model, tokenizer, seed=settings.seed, path=teacher_settings.path, mesh=mesh
+        )
     else:
-        teacher = policy_model(s.model, tokenizer, seed=t.seed, mesh=mesh, preset=t.preset)
-    if teacher.cfg.vocab_size < student.cfg.vocab_size:
+        teacher = policy_model(
+            settings.model,
+            tokenizer,
+            seed=teacher_settings.seed,
+            mesh=mesh,
+            preset=teacher_settings.preset,
+        )
+    if teacher.config.vocab_size < student.config.vocab_size:
         raise ValueError(
-            f"the teacher's vocab_size={teacher.cfg.vocab_size} (config.teacher."
-            f"{'path' if t.path else 'preset'}) is smaller than the student's "
-            f"{student.cfg.vocab_size}: sampled ids could fall outside the teacher's vocabulary"
+            f"the teacher's vocab_size={teacher.config.vocab_size} (config.teacher."
+            f"{'path' if teacher_settings.path else 'preset'}) is smaller than the student's "
+            f"{student.config.vocab_size}: sampled ids could fall outside the teacher's vocabulary"
         )
     log.info(
         "teacher: %s (%d layers, hidden %d, vocab %d)",
-        t.path or f"preset {t.preset} seed {t.seed}",
-        teacher.cfg.num_layers,
-        teacher.cfg.hidden_size,
-        teacher.cfg.vocab_size,
+        teacher_settings.path or f"preset {teacher_settings.preset} seed {teacher_settings.seed}",
+        teacher.config.num_layers,
+        teacher.config.hidden_size,
+        teacher.config.vocab_size,
     )
     return teacher
 
@@ -111,11 +123,17 @@ def build_teacher(ctx: RunContext) -> None:
     """Builds a missing `teacher.path` by an SFT warm start of `teacher.sft_steps` steps
     (stopping at `teacher.sft_stop_acc`): the tiny demo's teacher is the student's model
     trained longer. Built once and reused by every run that points at the folder."""
-    s = ctx.settings
-    t = s.teacher
-    if t.path and t.sft_steps and not os.path.isfile(os.path.join(t.path, "config.json")):
-        log.info("teacher: building %s by up to %d SFT steps", t.path, t.sft_steps)
-        sft = dataclasses.replace(s.sft, steps=t.sft_steps, stop_acc=t.sft_stop_acc)
-        build = ctx.replace(settings=s.replace(sft=sft))
-        model = policy_model(s.model, ctx.tokenizer, seed=s.seed, mesh=ctx.mesh)
-        sft_warm_start(build, model, t.path, "teacher_logs")
+    settings = ctx.settings
+    teacher = settings.teacher
+    if (
+        teacher.path
+        and teacher.sft_steps
+        and not os.path.isfile(os.path.join(teacher.path, "config.json"))
+    ):
+        log.info("teacher: building %s by up to %d SFT steps", teacher.path, teacher.sft_steps)
+        sft = dataclasses.replace(
+            settings.sft, steps=teacher.sft_steps, stop_acc=teacher.sft_stop_acc
+        )
+        build = ctx.replace(settings=settings.replace(sft=sft))
+        model = policy_model(settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh)
+        sft_warm_start(build, model, teacher.path, "teacher_logs")

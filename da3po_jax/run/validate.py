@@ -79,19 +79,19 @@ def usable_prompts(data: Datasets, encoder: PromptEncoder) -> Datasets:
 
 
 def validate_run(
-    s: Settings, workdir: str, mesh: Mesh, tokenizer: Tokenizer, data: Datasets, render
+    settings: Settings, workdir: str, mesh: Mesh, tokenizer: Tokenizer, data: Datasets, render
 ) -> None:
     """Refuses a run that cannot go on, naming the problem; writes nothing.
 
     Raises:
       ValueError / OSError / CheckpointError: the first problem found.
     """
-    check_workdir(s, workdir, data)
-    check_devices(s, mesh)
-    check_teacher(s, tokenizer, [render(p) for p in data.train[:2]])
+    check_workdir(settings, workdir, data)
+    check_devices(settings, mesh)
+    check_teacher(settings, tokenizer, [render(p) for p in data.train[:2]])
 
 
-def check_workdir(s: Settings, workdir: str, data: Datasets | None = None) -> None:
+def check_workdir(settings: Settings, workdir: str, data: Datasets | None = None) -> None:
     """Refuses a workdir the run cannot use: a file where a folder must be, or checkpoints
     written by an incompatible configuration or for other training data."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -100,49 +100,50 @@ def check_workdir(s: Settings, workdir: str, data: Datasets | None = None) -> No
     for name in ("metrics.jsonl", "config.json", "summary.json"):
         if os.path.isdir(os.path.join(workdir, name)):
             raise IsADirectoryError(f"{os.path.join(workdir, name)!r} is a folder, not a file")
-    if s.stage == "sft" or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if settings.stage == "sft" or not os.path.isdir(os.path.join(workdir, "checkpoints")):
         return
-    checkpointer = Checkpointer(workdir, s.train.keep_checkpoints)
+    checkpointer = Checkpointer(workdir, settings.train.keep_checkpoints)
     try:
         newest = checkpointer.newest_host()
     finally:
         checkpointer.close()
     if newest is not None:
         host = newest[1]
-        check_compatible(host.get("config", {}), s.fingerprint(), checkpointer.directory)
+        check_compatible(host.get("config", {}), settings.fingerprint(), checkpointer.directory)
         if data is not None:
-            iterator = PromptIterator(data.train, seed=s.seed)  # as `build_trainer` makes it
+            iterator = PromptIterator(data.train, seed=settings.seed)  # as `build_trainer` makes it
             check_same_data(host.get("data"), iterator, checkpointer.directory)
     read_metrics(os.path.join(workdir, "metrics.jsonl"))  # a malformed row is named now
 
 
-def check_devices(s: Settings, mesh: Mesh) -> None:
+def check_devices(settings: Settings, mesh: Mesh) -> None:
     """The settings that split work over the mesh's batch devices (data x fsdp)."""
     devices = batch_size_divisor(mesh)
-    r = s.rollout
-    if r.engine == "continuous" and r.slots % devices:
+    rollout = settings.rollout
+    if rollout.engine == "continuous" and rollout.slots % devices:
         raise ValueError(
-            f"config.rollout.slots={r.slots} must be a multiple of the {devices} devices "
+            f"config.rollout.slots={rollout.slots} must be a multiple of the {devices} devices "
             f"a batch is split over (mesh {dict(mesh.shape)})"
         )
-    if s.rl.packing and s.rl.pack_rows % devices:
+    if settings.rl.packing and settings.rl.pack_rows % devices:
         raise ValueError(
-            f"config.rl.pack_rows={s.rl.pack_rows} must be a multiple of the {devices} devices "
+            f"config.rl.pack_rows={settings.rl.pack_rows} must be a multiple of the "
+            f"{devices} devices "
             f"a batch is split over (mesh {dict(mesh.shape)})"
         )
 
 
-def check_teacher(s: Settings, tokenizer: Tokenizer, probes: list[str]) -> None:
+def check_teacher(settings: Settings, tokenizer: Tokenizer, probes: list[str]) -> None:
     """OPD / RA-OPD: `teacher.path` must hold a model with the student's tokenizer, unless
     the run builds it there (`teacher.sft_steps`, when the folder has no model yet)."""
-    t = s.teacher
-    if not s.distillation or not t.path:
+    teacher = settings.teacher
+    if not settings.distillation or not teacher.path:
         return
-    if os.path.isfile(os.path.join(t.path, "config.json")):
-        check_same_tokenizer(tokenizer, t.path, probes)
-    elif not t.sft_steps:
-        what = "holds no config.json" if os.path.isdir(t.path) else "does not exist"
+    if os.path.isfile(os.path.join(teacher.path, "config.json")):
+        check_same_tokenizer(tokenizer, teacher.path, probes)
+    elif not teacher.sft_steps:
+        what = "holds no config.json" if os.path.isdir(teacher.path) else "does not exist"
         raise FileNotFoundError(
-            f"config.teacher.path={t.path!r} {what} (a HF model folder); set "
+            f"config.teacher.path={teacher.path!r} {what} (a HF model folder); set "
             "config.teacher.sft_steps to build a tiny teacher there"
         )

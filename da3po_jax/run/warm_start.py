@@ -34,53 +34,53 @@ def sft_warm_start(ctx: RunContext, model, out_dir: str, logs: str = "sft_logs")
     and raises `Preempted(saved=False)`, so the command exits non-zero (143 / 130) with a
     line saying nothing was saved; a rerun starts it again.
     """
-    s = ctx.settings
-    arrays = build_sft_arrays(ctx.data.sft, ctx.tokenizer, ctx.encoder.render, s.sft.max_len)
+    settings = ctx.settings
+    arrays = build_sft_arrays(ctx.data.sft, ctx.tokenizer, ctx.encoder.render, settings.sft.max_len)
     tx, _ = make_optimizer(
-        s.optim,
-        s.sft.steps,
-        lr=s.sft.lr,
-        warmup_steps=s.sft.warmup_steps,
+        settings.optim,
+        settings.sft.steps,
+        lr=settings.sft.lr,
+        warmup_steps=settings.sft.warmup_steps,
         schedule="cosine",
         b2=0.98,
     )
-    graphdef, state = init_train_state(model, tx, s.seed, ctx.mesh)
+    graphdef, state = init_train_state(model, tx, settings.seed, ctx.mesh)
     logger = MetricsLogger(os.path.join(ctx.workdir, logs), enabled=is_main_process())
     check = None
-    if s.sft.stop_acc > 0 and ctx.data.train:
-        check = _stop_check(ctx, graphdef, model.cfg, logger)
+    if settings.sft.stop_acc > 0 and ctx.data.train:
+        check = _stop_check(ctx, graphdef, model.config, logger)
     state = run_sft(
         graphdef,
         state,
         tx,
         arrays,
-        s.sft.steps,
-        s.sft.batch_size,
-        s.seed,
+        settings.sft.steps,
+        settings.sft.batch_size,
+        settings.seed,
         on_step=lambda i, m: logger.write(i, m, kind="sft") if i % 10 == 0 else None,
         check=check,
-        check_every=s.sft.check_every,
+        check_every=settings.sft.check_every,
         mesh=ctx.mesh,
         stop=ctx.stop,
     )
     model = nnx.merge(graphdef, state.params)
-    export_policy(model, out_dir, tokenizer_dir(s, ctx.workdir))
+    export_policy(model, out_dir, tokenizer_dir(settings, ctx.workdir))
     logger.plot()
     logger.close()
     return model
 
 
-def _stop_check(ctx: RunContext, graphdef, model_cfg, logger: MetricsLogger):
+def _stop_check(ctx: RunContext, graphdef, model_config, logger: MetricsLogger):
     """`check(state, step)`: the policy's accuracy (4 samples at the rollout settings) on
     the first `sft.check_prompts` training prompts, logged; True once it reaches
     `sft.stop_acc`."""
-    s = ctx.settings
-    gen = generate_configs(s, ctx.tokenizer)[0].replace(num_samples=4)
-    problems = ctx.data.train[: s.sft.check_prompts]
-    engine = make_engine(ctx, graphdef, model_cfg, gen, problems, len(problems))
+    settings = ctx.settings
+    gen = generate_configs(settings, ctx.tokenizer)[0].replace(num_samples=4)
+    problems = ctx.data.train[: settings.sft.check_prompts]
+    engine = make_engine(ctx, graphdef, model_config, gen, problems, len(problems))
 
     def check(state, step: int) -> bool:
-        rng = jax.random.PRNGKey(s.seed + step)
+        rng = jax.random.PRNGKey(settings.seed + step)
         metrics = evaluate(engine, state.params, problems, rng, "", f"SFT check at step {step}")
         acc = metrics["eval/avg@4"]
         logger.write(step, {"sft/check_acc": acc}, kind="sft")
@@ -90,8 +90,8 @@ def _stop_check(ctx: RunContext, graphdef, model_cfg, logger: MetricsLogger):
             step,
             acc,
             len(problems),
-            s.sft.stop_acc,
+            settings.sft.stop_acc,
         )
-        return acc >= s.sft.stop_acc
+        return acc >= settings.sft.stop_acc
 
     return check

@@ -39,15 +39,15 @@ class PendingLogs(logging.handlers.MemoryHandler):
     def shouldFlush(self, record) -> bool:
         return self.target is not None and super().shouldFlush(record)
 
-    def accept(self, s: Settings, workdir: str, staging: str) -> None:
+    def accept(self, settings: Settings, workdir: str, staging: str) -> None:
         if self._file is not None:
             return
         os.makedirs(workdir, exist_ok=True)
-        install_tokenizer(s, workdir, staging)
+        install_tokenizer(settings, workdir, staging)
         if is_main_process():
             path = os.path.join(workdir, "config.json")
             with open(path + ".tmp", "w") as f:
-                json.dump(s.to_dict(), f, indent=2, default=str)
+                json.dump(settings.to_dict(), f, indent=2, default=str)
             os.replace(path + ".tmp", path)
         pid = jax.process_index()
         self._file = logging.FileHandler(
@@ -98,6 +98,6 @@ def locked_workdir(workdir: str) -> Iterator[None]:
         lock.release()
 
 
-def sft_dir(s: Settings, workdir: str) -> str:
+def sft_dir(settings: Settings, workdir: str) -> str:
     """Where the SFT warm start is cached: `sft.out_dir`, else `<workdir>/sft_model`."""
-    return s.sft.out_dir or os.path.join(workdir, "sft_model")
+    return settings.sft.out_dir or os.path.join(workdir, "sft_model")

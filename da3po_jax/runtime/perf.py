@@ -135,7 +135,7 @@ class CompileCounts:
 
 
 def forward_flops(
-    cfg: ModelConfig, rows: int, seq_len: int, *, logits_positions: int | None = None
+    model_config: ModelConfig, rows: int, seq_len: int, *, logits_positions: int | None = None
 ) -> float:
     """Model FLOPs of one dense forward of `rows` sequences of `seq_len` tokens.
 
@@ -144,34 +144,36 @@ def forward_flops(
     the SwiGLU MLP (gate, up, down), attention scores and weighted values over the full
     T x T square per head (the kernel masks but does not skip the upper triangle, so
     nothing is halved for causality), and the LM head. The LM head runs on positions
-    padded up to a multiple of `cfg.logits_chunk` (`chunked_logprobs`), so those padded
+    padded up to a multiple of `model_config.logits_chunk` (`chunked_logprobs`), so those padded
     positions are counted too; the embedding lookup is a gather and free. Norms, RoPE,
     softmax and biases are elementwise and left out, as in the usual MFU convention.
     `logits_positions` counts the LM head at that many positions instead (e.g. 1 for a
     prefill that only needs the last token's logits).
     """
     t = seq_len
-    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    h, d, inter = model_config.hidden_size, model_config.head_dim, model_config.intermediate_size
+    q, kv = model_config.num_heads * d, model_config.num_kv_heads * d
     projections = 2 * t * h * (2 * q + 2 * kv)  # q, o: h x q; k, v: h x kv
     mlp = 2 * t * 3 * h * inter
-    attention = cfg.num_heads * 2 * 2 * t * t * d  # q k^T and p v
-    chunk = max(1, min(cfg.logits_chunk, t))
+    attention = model_config.num_heads * 2 * 2 * t * t * d  # q k^T and p v
+    chunk = max(1, min(model_config.logits_chunk, t))
     positions = math.ceil(t / chunk) * chunk if logits_positions is None else logits_positions
-    head = 2 * positions * h * cfg.vocab_size
-    per_row = cfg.num_layers * (projections + mlp + attention) + head
+    head = 2 * positions * h * model_config.vocab_size
+    per_row = model_config.num_layers * (projections + mlp + attention) + head
     return float(rows * per_row)
 
 
-def sequence_flops(cfg: ModelConfig, lengths) -> float:
+def sequence_flops(model_config: ModelConfig, lengths) -> float:
     """Model FLOPs of one forward over each of `lengths` (real-token counts) on its own,
     attention over each sequence's own T x T square and the LM head at its T positions:
     the work of a packed update, whatever the padding."""
-    return float(sum(forward_flops(cfg, 1, int(t), logits_positions=int(t)) for t in lengths))
+    return float(
+        sum(forward_flops(model_config, 1, int(t), logits_positions=int(t)) for t in lengths)
+    )
 
 
 def update_flops(
-    cfg: ModelConfig,
+    model_config: ModelConfig,
     rows: int,
     seq_len: int,
     *,
@@ -185,13 +187,13 @@ def update_flops(
     backward costs about twice the forward (gradients w.r.t. activations and weights),
     hence 3x. `extra_forwards` counts forward-only passes of the same config (recomputed
     old log-probs, the reference model, a same-shape teacher); `extra_flops` adds FLOPs
-    of differently shaped models (e.g. `forward_flops(teacher_cfg, rows, seq_len)`).
+    of differently shaped models (e.g. `forward_flops(teacher_model_config, rows, seq_len)`).
 
-    Note: with `cfg.remat` (and always for the chunked logits) the backward recomputes
+    Note: with `model_config.remat` (and always for the chunked logits) the backward recomputes
     forward activations. That is hardware work, not model work: like the usual MFU
     definition, this reports model FLOPs, so remat lowers MFU instead of inflating it.
     """
-    forward = forward_flops(cfg, rows, seq_len)
+    forward = forward_flops(model_config, rows, seq_len)
     return num_iterations * 3 * forward + extra_forwards * forward + float(extra_flops)
 
 

@@ -129,25 +129,33 @@ class SlotDecoder:
     def __init__(
         self,
         graphdef: nnx.GraphDef,
-        cfg: ModelConfig,
+        model_config: ModelConfig,
         gen: GenerateConfig,
         slot_config: SlotConfig,
         mesh: Mesh | None = None,
     ):
-        sc = slot_config.resolved(gen.num_samples)
+        slot_config = slot_config.resolved(gen.num_samples)
         if mesh is not None:
-            if sc.slots % batch_size_divisor(mesh):
+            if slot_config.slots % batch_size_divisor(mesh):
                 raise ValueError(
-                    f"slots={sc.slots} must be a multiple of the mesh's batch devices "
+                    f"slots={slot_config.slots} must be a multiple of the mesh's batch devices "
                     f"({batch_size_divisor(mesh)})"
                 )
-        self.graphdef, self.cfg, self.gen, self.sc, self.mesh = graphdef, cfg, gen, sc, mesh
+        self.graphdef, self.model_config, self.gen, self.slot_config, self.mesh = (
+            graphdef,
+            model_config,
+            gen,
+            slot_config,
+            mesh,
+        )
         self._slots: Slots | None = None
         self._cache_dropped = False
         self._queue: collections.deque = collections.deque()
-        self._free = list(range(sc.slots))
+        self._free = list(range(self.slot_config.slots))
         self._owner: dict[int, _Row] = {}  # slot -> the row it holds
-        self._steps = np.zeros(sc.slots, np.int64)  # tokens generated per slot (host copy)
+        self._steps = np.zeros(
+            self.slot_config.slots, np.int64
+        )  # tokens generated per slot (host copy)
         self.version = 0  # the policy version of the weights `step` is called with
         self.decode_steps = self.slot_steps = self.decode_tokens = 0
 
@@ -182,10 +190,10 @@ class SlotDecoder:
     # ---------------------------------------------------------------- actions
     def submit(self, tag, prompt_ids: Sequence[int], key: jax.Array) -> None:
         """Queues one prompt (token ids) for G samples drawn with prompt key `key`."""
-        if not 1 <= len(prompt_ids) <= self.sc.prompt_len:
+        if not 1 <= len(prompt_ids) <= self.slot_config.prompt_len:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens: the slots hold prompts of 1.."
-                f"{self.sc.prompt_len} tokens"
+                f"{self.slot_config.prompt_len} tokens"
             )
         self._queue.append((tag, list(prompt_ids), key))
 
@@ -207,7 +215,7 @@ class SlotDecoder:
         if not self._owner:
             return []
         self._slots, ran = decode_steps(
-            self.graphdef, params, self._slots, gen=self.gen, steps=self.sc.steps_per_call
+            self.graphdef, params, self._slots, gen=self.gen, steps=self.slot_config.steps_per_call
         )
         # every host reads every slot's flags: all take the same admission decisions
         running, step, stopped, ran = tree_to_host(
@@ -215,7 +223,7 @@ class SlotDecoder:
         )
         self._steps[:] = step
         self.decode_steps += int(ran)
-        self.slot_steps += int(ran) * self.sc.slots
+        self.slot_steps += int(ran) * self.slot_config.slots
         done = [s for s in self._owner if not running[s]]
         return self._collect(done, step, stopped)
 
@@ -224,12 +232,12 @@ class SlotDecoder:
         the tokens generated so far), `read_rows` rows per call, each call's prefill as
         long as its longest row (rounded up to attention blocks)."""
         self._ensure_slots()
-        live, h, block = sorted(self._owner), self.sc.read_rows, self.sc.block
+        live, h, block = sorted(self._owner), self.slot_config.read_rows, self.slot_config.block
         for start in range(0, len(live), h):
             chunk = live[start : start + h]
-            prompts = np.full((h, self.sc.prompt_len), self.gen.pad_id, np.int32)
+            prompts = np.full((h, self.slot_config.prompt_len), self.gen.pad_id, np.int32)
             lengths = np.ones((h,), np.int32)
-            rows = np.full((h,), self.sc.slots, np.int32)
+            rows = np.full((h,), self.slot_config.slots, np.int32)
             for j, s in enumerate(chunk):
                 ids = self._owner[s].prompt
                 prompts[j, : len(ids)], lengths[j], rows[j] = ids, len(ids), s
@@ -266,7 +274,7 @@ class SlotDecoder:
         self._slots, self._cache_dropped = None, False
         self._queue.clear()
         self._owner.clear()
-        self._free = list(range(self.sc.slots))
+        self._free = list(range(self.slot_config.slots))
 
     # ------------------------------------------------------------- checkpoints
     def snapshot(self, tag_json) -> tuple[dict, dict]:
@@ -308,9 +316,11 @@ class SlotDecoder:
         out = {}
         if meta["slots"]:
             if self.mesh is not None:
-                like = slot_shapes(self.cfg, self.gen, self.sc, self.mesh)
+                like = slot_shapes(self.model_config, self.gen, self.slot_config, self.mesh)
             else:
-                empty = jax.eval_shape(lambda: init_slots(self.cfg, self.gen, self.sc))
+                empty = jax.eval_shape(
+                    lambda: init_slots(self.model_config, self.gen, self.slot_config)
+                )
                 like = self.replicate(empty, abstract=True)
             data = jax.eval_shape(jax.random.key_data, like.keys)
             keys = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=like.keys.sharding)
@@ -358,16 +368,16 @@ class SlotDecoder:
     def _ensure_slots(self) -> None:
         """Allocates the slots (or, after `drop_cache`, their cache) if they are not there."""
         if self._slots is None:
-            self._slots = init_slots(self.cfg, self.gen, self.sc, self.mesh)
+            self._slots = init_slots(self.model_config, self.gen, self.slot_config, self.mesh)
         elif self._cache_dropped:
-            cache = init_slot_cache(self.cfg, self.gen, self.sc, self.mesh)
+            cache = init_slot_cache(self.model_config, self.gen, self.slot_config, self.mesh)
             self._slots = self._slots.replace(cache=cache)
             self._cache_dropped = False
 
     def _admit(self, params) -> None:
-        sc, g, n = self.sc, self.group_size, self.gen.max_new_tokens
-        take = min(len(self._queue), len(self._free) // g, sc.admit_prompts)
-        tokens, lengths, slot_ids = admission_arrays(sc, g, self.gen.pad_id)
+        slot_config, g, n = self.slot_config, self.group_size, self.gen.max_new_tokens
+        take = min(len(self._queue), len(self._free) // g, slot_config.admit_prompts)
+        tokens, lengths, slot_ids = admission_arrays(slot_config, g, self.gen.pad_id)
         keys = []
         for a in range(take):
             tag, ids, key = self._queue.popleft()
@@ -379,7 +389,7 @@ class SlotDecoder:
                 self._owner[s] = _Row(group, i, ids, [(0, self.version)])
                 self._steps[s] = 1
             keys.append(key)
-        keys += [keys[0]] * (sc.admit_prompts - take)
+        keys += [keys[0]] * (slot_config.admit_prompts - take)
         self._slots = admit_groups(
             self.graphdef,
             params,
@@ -392,7 +402,7 @@ class SlotDecoder:
         )
 
     def _collect(self, done: list[int], step, stopped) -> list[FinishedGroup]:
-        h, finished = self.sc.read_rows, []
+        h, finished = self.slot_config.read_rows, []
         for start in range(0, len(done), h):
             chunk = done[start : start + h]
             rows = np.asarray(chunk + [chunk[0]] * (h - len(chunk)), np.int32)
@@ -415,14 +425,14 @@ class SlotDecoder:
 GROUP_BUFFERS = ("tokens", "logp", "sample_logp", "lengths", "truncated", "version")
 
 
-def admission_arrays(sc: SlotConfig, group_size: int, pad_id: int):
+def admission_arrays(slot_config: SlotConfig, group_size: int, pad_id: int):
     """The host arrays of one admission call (`admit_groups`), empty: prompt tokens
     [A, Tp] (pad), prompt lengths [A] (1) and the slots of each prompt's G rows [A, G]
     (S: no slot); `SlotDecoder` fills the first prompts, the compile planner reads the
     shapes."""
-    a = sc.admit_prompts
-    tokens = np.full((a, sc.prompt_len), pad_id, np.int32)
-    return tokens, np.ones((a,), np.int32), np.full((a, group_size), sc.slots, np.int32)
+    a = slot_config.admit_prompts
+    tokens = np.full((a, slot_config.prompt_len), pad_id, np.int32)
+    return tokens, np.ones((a,), np.int32), np.full((a, group_size), slot_config.slots, np.int32)
 
 
 def stack_groups(groups: Sequence[FinishedGroup]) -> dict[str, np.ndarray]:
@@ -468,8 +478,8 @@ def generate_continuous(
     """All of `prompts` (token id lists, prompt p sampled with `keys[p]`) through one slot
     decoder; returns the groups in prompt order (tag = prompt index) and the decoder (for
     its counters)."""
-    cfg = nnx.merge(graphdef, state).cfg
-    decoder = SlotDecoder(graphdef, cfg, gen, slot_config, mesh)
+    model_config = nnx.merge(graphdef, state).config
+    decoder = SlotDecoder(graphdef, model_config, gen, slot_config, mesh)
     for p, ids in enumerate(prompts):
         decoder.submit(p, ids, keys[p])
     out: dict[int, FinishedGroup] = {}

@@ -360,7 +360,7 @@ def sample_from_folder(
     mesh = make_mesh(shape)
     model = load_on_mesh(model_path, mesh, dtype)
     graphdef, state = nnx.split(model)
-    sampler = Sampler(graphdef, model.cfg, generate)
+    sampler = Sampler(graphdef, model.config, generate)
     return sample_text(
         sampler, state, tokenizer, prompts, seed, buckets=buckets, template=template, mesh=mesh
     )

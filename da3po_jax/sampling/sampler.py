@@ -186,7 +186,9 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
     return -(-need // CACHE_MULTIPLE) * CACHE_MULTIPLE
 
 
-def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig) -> KVCache:
+def new_cache(
+    model_config: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig
+) -> KVCache:
     """A zeroed cache for `prompt_tokens` [P, Tp], placed like them: under a mesh the batch
     axis is split as the prompts' is, and KV heads over `tensor` where they divide.
 
@@ -195,12 +197,14 @@ def new_cache(cfg: ModelConfig, prompt_tokens: jax.Array, config: GenerateConfig
     frees it for the update), and a fresh `jax.jit` of a fresh closure never hits jit's
     cache, so it compiled again every step."""
     rows, slots = _cache_dims(prompt_tokens.shape, config)
-    return _cache_allocator(cfg, rows, slots, getattr(prompt_tokens, "sharding", None))()
+    return _cache_allocator(model_config, rows, slots, getattr(prompt_tokens, "sharding", None))()
 
 
-def cache_initializer(cfg: ModelConfig, prompt_shape: tuple[int, int], config: GenerateConfig):
+def cache_initializer(
+    model_config: ModelConfig, prompt_shape: tuple[int, int], config: GenerateConfig
+):
     """The function that builds the zeroed cache of [P, Tp] prompts (P x G rows)."""
-    return functools.partial(KVCache.init, cfg, *_cache_dims(prompt_shape, config))
+    return functools.partial(KVCache.init, model_config, *_cache_dims(prompt_shape, config))
 
 
 def _cache_dims(prompt_shape: tuple[int, int], config: GenerateConfig) -> tuple[int, int]:
@@ -210,28 +214,28 @@ def _cache_dims(prompt_shape: tuple[int, int], config: GenerateConfig) -> tuple[
 
 
 @functools.lru_cache(maxsize=16)
-def _cache_allocator(cfg: ModelConfig, rows: int, slots: int, sharding: Any):
+def _cache_allocator(model_config: ModelConfig, rows: int, slots: int, sharding: Any):
     """The jitted allocation of a zeroed [rows, slots] cache placed after the prompts'
     `sharding` (cached on its hashable inputs: equal shapes and placement compile once)."""
-    init = functools.partial(KVCache.init, cfg, rows, slots)
-    return jax.jit(init, out_shardings=_placed_like(cfg, init, sharding))
+    init = functools.partial(KVCache.init, model_config, rows, slots)
+    return jax.jit(init, out_shardings=_placed_like(model_config, init, sharding))
 
 
-def cache_shardings(cfg: ModelConfig, init, prompt_tokens) -> Any:
+def cache_shardings(model_config: ModelConfig, init, prompt_tokens) -> Any:
     """The shardings of the cache `init()` builds for `prompt_tokens` (an array or a
     `jax.ShapeDtypeStruct`): rows split as the prompts' batch axis, KV heads over `tensor`
     where they divide; without a `NamedSharding`, the prompts' own sharding (or None)."""
-    return _placed_like(cfg, init, getattr(prompt_tokens, "sharding", None))
+    return _placed_like(model_config, init, getattr(prompt_tokens, "sharding", None))
 
 
-def _placed_like(cfg: ModelConfig, init, sharding: Any) -> Any:
+def _placed_like(model_config: ModelConfig, init, sharding: Any) -> Any:
     """`cache_shardings` of prompts placed by `sharding`."""
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return sharding
     mesh = sharding.mesh
     batch_axes = sharding.spec[0] if len(sharding.spec) else None
     tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
+    heads = "tensor" if tensor > 1 and model_config.num_kv_heads % tensor == 0 else None
     P = jax.sharding.PartitionSpec
 
     def spec(a):
@@ -274,7 +278,7 @@ def gather_steps(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> list[Part
     return [PartitionSpec(*mid), final]
 
 
-def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
+def decode_weights(state: nnx.State, model_config: ModelConfig) -> nnx.State:
     """The weights a generate call reads: under an ambient mesh of more than one device
     (`parallel.mesh.kernel_mesh`), the matrices in the compute dtype and every weight
     gathered over the batch axes (data x fsdp), still split over `tensor`, for the whole
@@ -293,7 +297,7 @@ def decode_weights(state: nnx.State, cfg: ModelConfig) -> nnx.State:
 
     def one(path, x):
         if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
-            x = x.astype(cfg.jnp_dtype)
+            x = x.astype(model_config.jnp_dtype)
         for spec in gather_steps(spec_for(path, x.shape, mesh), x.shape, mesh):
             x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
         return x
@@ -310,7 +314,7 @@ def decoding_model(graphdef: nnx.GraphDef, state: nnx.State, gen: GenerateConfig
     model = nnx.merge(graphdef, state)
     if not gen.gather_weights:
         return model
-    return nnx.merge(graphdef, decode_weights(state, model.cfg))
+    return nnx.merge(graphdef, decode_weights(state, model.config))
 
 
 def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int):
@@ -319,7 +323,7 @@ def _prefill(model: Transformer, cache: KVCache, tokens, mask, num_samples: int)
     Returns (last-position logits [R, V] float32, cache with index = Tp).
     """
     p, tp = tokens.shape
-    small = KVCache.init(model.cfg, p, tp)
+    small = KVCache.init(model.config, p, tp)
     h, small = model.hidden(tokens, positions_from_mask(mask), mask, small)
     logits = model.logits(h[:, -1])  # [P, V]: never the full [P, Tp, V]
 
@@ -457,8 +461,8 @@ def generate(
     config: GenerateConfig,
 ) -> SampleOutput:
     """`generate_with_cache` with a fresh cache (one-off calls; `Sampler` reuses it)."""
-    cfg = nnx.merge(graphdef, state).cfg
-    cache = new_cache(cfg, prompt_tokens, config)
+    model_config = nnx.merge(graphdef, state).config
+    cache = new_cache(model_config, prompt_tokens, config)
     out, _ = generate_with_cache(
         graphdef, state, cache, prompt_tokens, prompt_mask, rng, config=config
     )
@@ -485,7 +489,7 @@ class Sampler:
 
     Attributes:
       graphdef: the model's static graph (`nnx.split(model)[0]`).
-      cfg: the model config.
+      model_config: the model config.
       config: default `GenerateConfig` (a call may pass another).
       max_caches: caches kept between calls (>= 1).
     """
@@ -493,14 +497,14 @@ class Sampler:
     def __init__(
         self,
         graphdef: nnx.GraphDef,
-        cfg: ModelConfig,
+        model_config: ModelConfig,
         config: GenerateConfig,
         max_caches: int = 1,
     ):
         if max_caches < 1:
             raise ValueError(f"max_caches={max_caches} must be >= 1")
         self.graphdef = graphdef
-        self.cfg = cfg
+        self.model_config = model_config
         self.config = config
         self.max_caches = max_caches
         self._caches: dict[tuple[int, ...], KVCache] = {}
@@ -523,7 +527,7 @@ class Sampler:
         if cache is None:
             while len(self._caches) >= self.max_caches:  # free before allocating anew
                 _delete(self._caches.pop(next(iter(self._caches))))
-            cache = new_cache(self.cfg, prompt_tokens, config)
+            cache = new_cache(self.model_config, prompt_tokens, config)
         out, self._caches[key] = generate_with_cache(
             self.graphdef, state, cache, prompt_tokens, prompt_mask, rng, config=config
         )

@@ -102,10 +102,10 @@ class Slots:
     sample_logp: jax.Array
 
 
-def _slot_shardings(mesh: Mesh, cfg: ModelConfig, like: Slots):
+def _slot_shardings(mesh: Mesh, model_config: ModelConfig, like: Slots):
     """Slots split over the mesh's batch axes; KV heads over `tensor` where they divide."""
     tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if tensor > 1 and cfg.num_kv_heads % tensor == 0 else None
+    heads = "tensor" if tensor > 1 and model_config.num_kv_heads % tensor == 0 else None
 
     def spec(x):
         if x.ndim == 4:
@@ -115,48 +115,66 @@ def _slot_shardings(mesh: Mesh, cfg: ModelConfig, like: Slots):
     return jax.tree.map(spec, like)
 
 
-def init_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None = None):
-    """Empty slots (none running) for prompts up to `sc.prompt_len` tokens."""
-    return _slot_initializer(cfg, gen, sc, mesh, False)()
+def init_slots(
+    model_config: ModelConfig,
+    gen: GenerateConfig,
+    slot_config: SlotConfig,
+    mesh: Mesh | None = None,
+):
+    """Empty slots (none running) for prompts up to `slot_config.prompt_len` tokens."""
+    return _slot_initializer(model_config, gen, slot_config, mesh, False)()
 
 
 def init_slot_cache(
-    cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None = None
+    model_config: ModelConfig,
+    gen: GenerateConfig,
+    slot_config: SlotConfig,
+    mesh: Mesh | None = None,
 ) -> SlotCache:
     """Only the keys/values of `init_slots` (placed alike): a cache freed by
     `SlotDecoder.drop_cache`, allocated again."""
-    return _slot_initializer(cfg, gen, sc, mesh, True)()
+    return _slot_initializer(model_config, gen, slot_config, mesh, True)()
 
 
 @functools.lru_cache(maxsize=16)
 def _slot_initializer(
-    cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh | None, cache_only: bool
+    model_config: ModelConfig,
+    gen: GenerateConfig,
+    slot_config: SlotConfig,
+    mesh: Mesh | None,
+    cache_only: bool,
 ):
     """The jitted allocation of `init_slots` / `init_slot_cache` (cached: the same shapes
     compile once)."""
-    init = _empty_slots(cfg, gen, sc)
-    shardings = _slot_shardings(mesh, cfg, jax.eval_shape(init)) if mesh is not None else None
+    init = _empty_slots(model_config, gen, slot_config)
+    shardings = (
+        _slot_shardings(mesh, model_config, jax.eval_shape(init)) if mesh is not None else None
+    )
     if cache_only:
         return jax.jit(lambda: init().cache, out_shardings=shardings and shardings.cache)
     return jax.jit(init, out_shardings=shardings)
 
 
-def slot_shapes(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig, mesh: Mesh) -> Slots:
+def slot_shapes(
+    model_config: ModelConfig, gen: GenerateConfig, slot_config: SlotConfig, mesh: Mesh
+) -> Slots:
     """The slots `init_slots` places on `mesh`, as sharded `jax.ShapeDtypeStruct`s."""
-    like = jax.eval_shape(_empty_slots(cfg, gen, sc))
+    like = jax.eval_shape(_empty_slots(model_config, gen, slot_config))
     return jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
         like,
-        _slot_shardings(mesh, cfg, like),
+        _slot_shardings(mesh, model_config, like),
     )
 
 
-def _empty_slots(cfg: ModelConfig, gen: GenerateConfig, sc: SlotConfig):
-    s, n = sc.slots, gen.max_new_tokens
+def _empty_slots(model_config: ModelConfig, gen: GenerateConfig, slot_config: SlotConfig):
+    s, n = slot_config.slots, gen.max_new_tokens
 
     def init():
         return Slots(
-            cache=SlotCache.init(cfg, s, sc.prompt_len + n - 1, sc.block),
+            cache=SlotCache.init(
+                model_config, s, slot_config.prompt_len + n - 1, slot_config.block
+            ),
             keys=jax.random.split(jax.random.key(0), s),
             length=jnp.zeros((s,), jnp.int32),
             step=jnp.zeros((s,), jnp.int32),
@@ -194,7 +212,7 @@ def admit_groups(graphdef, state, slots: Slots, tokens, lengths, slot_ids, keys,
     g = gen.num_samples
     mask = jnp.arange(tb)[None, :] < lengths[:, None]
     positions = jnp.broadcast_to(jnp.arange(tb, dtype=jnp.int32), (a, tb))
-    h, small = model.hidden(tokens, positions, mask, KVCache.init(model.cfg, a, tb))
+    h, small = model.hidden(tokens, positions, mask, KVCache.init(model.config, a, tb))
     last_h = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
     logits = jnp.repeat(model.logits(last_h), g, axis=0)  # [A * G, V]
     rows = slot_ids.reshape(-1)
@@ -303,7 +321,7 @@ def refill_slots(graphdef, state, slots: Slots, rows, prompts, prompt_lengths, *
     seq = jnp.where(col < lp, from_prompt, from_generated)
     mask = col < lp + step[:, None] - 1
     positions = jnp.broadcast_to(col.astype(jnp.int32), seq.shape)
-    _, fresh = model.hidden(seq, positions, mask, KVCache.init(model.cfg, rows.shape[0], width))
+    _, fresh = model.hidden(seq, positions, mask, KVCache.init(model.config, rows.shape[0], width))
 
     def put_kv(big, new):  # [S, L, ...] columns [0, width) <- the row's keys/values
         new = jnp.swapaxes(new, 1, 2)  # [H, kv_heads, width, D] as [H, width, kv_heads, D]

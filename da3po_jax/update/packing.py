@@ -69,41 +69,41 @@ class PackPlan:
     offset: jax.Array
 
 
-def micro_slots(mini_batch_rows: int, max_seq_len: int, cfg: PackConfig) -> int:
+def micro_slots(mini_batch_rows: int, max_seq_len: int, config: PackConfig) -> int:
     """Micro-batch slots per mini-batch that hold the worst case, every sequence
     `max_seq_len` long: first-fit decreasing never opens a row while an open one has room,
     so each full row holds at least `length // max_seq_len` sequences."""
-    per_row = cfg.length // max_seq_len
+    per_row = config.length // max_seq_len
     if per_row < 1:
         raise ValueError(
-            f"pack length {cfg.length} is shorter than the longest sequence the batch can "
+            f"pack length {config.length} is shorter than the longest sequence the batch can "
             f"hold (prompt + response = {max_seq_len} tokens)"
         )
-    return math.ceil(math.ceil(mini_batch_rows / per_row) / cfg.rows)
+    return math.ceil(math.ceil(mini_batch_rows / per_row) / config.rows)
 
 
-def plan_packing(seq_lens: np.ndarray, cfg: PackConfig, mini_batch_rows: int) -> PackPlan:
+def plan_packing(seq_lens: np.ndarray, config: PackConfig, mini_batch_rows: int) -> PackPlan:
     """First-fit-decreasing plan of every mini-batch (host, numpy, deterministic).
 
     Args:
       seq_lens: [R] tokens of each response row's sequence (prompt + response; 0: not
         packed), rows in batch order; R a multiple of `mini_batch_rows`.
-      cfg: the packed row length and rows per micro-batch.
+      config: the packed row length and rows per micro-batch.
       mini_batch_rows: response rows per mini-batch (rows never move across mini-batches).
 
     Returns:
       `PackPlan` of numpy int32 [R] arrays.
 
     Raises:
-      ValueError: a sequence is longer than `cfg.length` (names the row).
+      ValueError: a sequence is longer than `config.length` (names the row).
     """
     seq_lens = np.asarray(seq_lens, np.int64)
-    too_long = np.flatnonzero(seq_lens > cfg.length)
+    too_long = np.flatnonzero(seq_lens > config.length)
     if too_long.size:
         r = int(too_long[0])
         raise ValueError(
             f"response row {r}: its sequence of {seq_lens[r]} tokens (prompt + response) "
-            f"does not fit the pack length {cfg.length}"
+            f"does not fit the pack length {config.length}"
         )
     plan = empty_plan(seq_lens.size)
     micro, row, offset = plan.micro, plan.row, plan.offset
@@ -111,11 +111,11 @@ def plan_packing(seq_lens: np.ndarray, cfg: PackConfig, mini_batch_rows: int) ->
         lens = seq_lens[start : start + mini_batch_rows]
         fill: list[int] = []  # tokens used in each packed row so far
         for i in sorted(np.flatnonzero(lens > 0), key=lambda i: (-lens[i], i)):
-            k = next((k for k, used in enumerate(fill) if used + lens[i] <= cfg.length), None)
+            k = next((k for k, used in enumerate(fill) if used + lens[i] <= config.length), None)
             if k is None:
                 k = len(fill)
                 fill.append(0)
-            micro[start + i], row[start + i] = divmod(k, cfg.rows)
+            micro[start + i], row[start + i] = divmod(k, config.rows)
             offset[start + i] = fill[k]
             fill[k] += int(lens[i])
     return plan
@@ -158,7 +158,7 @@ def pack_micro(
     response_mask: jax.Array,
     plan: PackPlan,
     m: jax.Array,
-    cfg: PackConfig,
+    config: PackConfig,
 ) -> PackedMicro:
     """Micro-batch slot `m` of a mini-batch (device; `plan` holds its rows' entries).
 
@@ -174,9 +174,9 @@ def pack_micro(
     lp = prompt_mask.sum(-1, dtype=jnp.int32)[:, None]
     ln = response_mask.sum(-1, dtype=jnp.int32)[:, None]
     rel = jnp.arange(full.shape[1], dtype=jnp.int32)[None, :] - (tp - lp)  # position in seq
-    size = cfg.rows * cfg.length
+    size = config.rows * config.length
     here = (rel >= 0) & (rel < lp + ln) & (plan.micro == m)[:, None]
-    dest = plan.row[:, None] * cfg.length + plan.offset[:, None] + rel
+    dest = plan.row[:, None] * config.length + plan.offset[:, None] + rel
     dest = jnp.where(here, dest, size)
 
     def scatter(values):
@@ -185,7 +185,7 @@ def pack_micro(
             .at[dest.reshape(-1)]
             .set(values.reshape(-1).astype(jnp.int32), mode="drop")
         )
-        return flat.reshape(cfg.rows, cfg.length)
+        return flat.reshape(config.rows, config.length)
 
     seg = jnp.broadcast_to(jnp.arange(1, r + 1, dtype=jnp.int32)[:, None], full.shape)
     return PackedMicro(
@@ -209,7 +209,7 @@ def packed_response_logprobs(
     params: Any,
     rows: Any,
     m: jax.Array,
-    cfg: PackConfig,
+    config: PackConfig,
     sharding: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs and entropies [R, Tn] of the responses packed in micro-batch
@@ -220,7 +220,7 @@ def packed_response_logprobs(
       sharding: where the packed [rows, length] arrays live (batch axes), or None.
     """
     packed = pack_micro(
-        rows.prompt_tokens, rows.prompt_mask, rows.tokens, rows.response_mask, rows.plan, m, cfg
+        rows.prompt_tokens, rows.prompt_mask, rows.tokens, rows.response_mask, rows.plan, m, config
     )
     if sharding is not None:
         packed = jax.lax.with_sharding_constraint(packed, sharding)

@@ -23,13 +23,13 @@ from da3po_jax.update.step import (
 )
 
 
-def pack_plan(batch: GroupBatch, valid, cfg: UpdateConfig) -> tuple[PackPlan, Any]:
-    """The host-side packing plan of a batch (`cfg.pack` set): every kept response row's
+def pack_plan(batch: GroupBatch, valid, config: UpdateConfig) -> tuple[PackPlan, Any]:
+    """The host-side packing plan of a batch (`config.pack` set): every kept response row's
     (prompt, response) sequence placed in a packed micro-batch of its mini-batch; and the
     rows' [N * G] sequence lengths (0: not packed)."""
-    cfg = cfg.resolved(batch)
+    config = config.resolved(batch)
     lens = sequence_lengths(batch, valid)
-    return plan_packing(lens, cfg.pack, cfg.mini_batch_rows), lens
+    return plan_packing(lens, config.pack, config.mini_batch_rows), lens
 
 
 class PolicyUpdate:
@@ -39,7 +39,7 @@ class PolicyUpdate:
     Args:
       graphdef: the policy's `nnx` graph definition.
       tx: the optimizer; `schedule` its learning-rate schedule (for the `optim/lr` metric).
-      cfg: `UpdateConfig`.
+      config: `UpdateConfig`.
       state_shardings: the train state's shardings (kept by the output), or None.
       mesh: metrics come back replicated over it (None: one device).
       ref_params: frozen reference parameters (KL term), or None.
@@ -51,28 +51,28 @@ class PolicyUpdate:
         graphdef: Any,
         tx: optax.GradientTransformation,
         schedule: optax.Schedule,
-        cfg: UpdateConfig,
+        config: UpdateConfig,
         *,
         state_shardings: Any = None,
         mesh: Any = None,
         ref_params: Any = None,
         teacher: tuple[Any, Any] | None = None,
     ):
-        if cfg.opd is not None and teacher is None:
+        if config.opd is not None and teacher is None:
             raise ValueError("UpdateConfig.opd is set: the update needs the teacher model")
-        self.schedule, self.cfg, self.mesh = schedule, cfg, mesh
+        self.schedule, self.config, self.mesh = schedule, config, mesh
         teacher_graphdef, teacher_params = teacher or (None, None)
         self.frozen = FrozenModels(ref_params=ref_params, teacher_params=teacher_params)
         self.last_lengths = None  # packed: the sequence lengths of the last batch (FLOPs)
         pack_sharding = None
-        if mesh is not None and cfg.pack is not None:
-            if cfg.pack.rows % batch_size_divisor(mesh):
+        if mesh is not None and config.pack is not None:
+            if config.pack.rows % batch_size_divisor(mesh):
                 raise ValueError(
-                    f"config.rl.pack_rows={cfg.pack.rows} must be a multiple of the "
+                    f"config.rl.pack_rows={config.pack.rows} must be a multiple of the "
                     f"{batch_size_divisor(mesh)} devices a batch is split over (data x fsdp)"
                 )
-            pack_sharding = batch_sharding(mesh, (cfg.pack.rows,))
-        self.program = UpdateProgram(graphdef, tx, cfg, pack_sharding, teacher_graphdef)
+            pack_sharding = batch_sharding(mesh, (config.pack.rows,))
+        self.program = UpdateProgram(graphdef, tx, config, pack_sharding, teacher_graphdef)
         out = (state_shardings, replicated(mesh)) if mesh is not None else None
         self.fn = jax.jit(
             rl_update, static_argnames="program", donate_argnames="state", out_shardings=out
@@ -80,8 +80,8 @@ class PolicyUpdate:
 
     def __call__(self, state: TrainState, batch: GroupBatch, valid: jax.Array, prior):
         plan = None
-        if self.cfg.pack is not None:  # host side: the batch's lengths decide the packing
-            plan, lens = pack_plan(batch, valid, self.cfg)
+        if self.config.pack is not None:  # host side: the batch's lengths decide the packing
+            plan, lens = pack_plan(batch, valid, self.config)
             self.last_lengths = lens[lens > 0]
             if self.mesh is not None:
                 plan = jax.device_put(plan, replicated(self.mesh))
@@ -110,10 +110,10 @@ class PolicyUpdate:
         """Forward passes of the policy's architecture per row besides the training passes
         (the recomputed old log-probs, the reference): for the FLOP count. The teacher's
         forward is counted with its own architecture."""
-        return frozen_forwards(self.cfg, self.ref_params is not None)
+        return frozen_forwards(self.config, self.ref_params is not None)
 
 
-def frozen_forwards(cfg: UpdateConfig, reference: bool) -> int:
+def frozen_forwards(config: UpdateConfig, reference: bool) -> int:
     """Forwards of the policy's architecture per row besides the training passes: the
     recomputed old log-probs and the reference's (`reference`: a KL term)."""
-    return int(cfg.recompute_logp_old) + int(reference)
+    return int(config.recompute_logp_old) + int(reference)

@@ -86,7 +86,7 @@ class UpdateProgram:
 
     graphdef: Any
     tx: optax.GradientTransformation
-    cfg: UpdateConfig
+    config: UpdateConfig
     pack_sharding: Any = None
     teacher_graphdef: Any = None
 
@@ -100,7 +100,7 @@ class UpdateBatch:
       valid: [N] bool, slots that hold a kept group.
       prior: the Beta prior of the bayes / history estimators, else None (the history
         estimator reads its counts from `batch.history`).
-      plan: the batch's `PackPlan` when the program packs (`cfg.pack`), else None.
+      plan: the batch's `PackPlan` when the program packs (`config.pack`), else None.
     """
 
     batch: GroupBatch
@@ -119,10 +119,10 @@ class FrozenModels:
     teacher_params: Any = None
 
 
-def _advantages(batch: GroupBatch, valid, cfg: UpdateConfig, prior):
+def _advantages(batch: GroupBatch, valid, config: UpdateConfig, prior):
     """(advantages [R], loss mask [R, Tn], amplified [R], metrics) of the batch's rows:
     overlong shaping, then the outcome advantage with DAA on hard groups."""
-    g = cfg.group_size
+    g = config.group_size
     n = batch.tokens.shape[0]
     valid_resp = expand_group_mask(valid, g)
     rows_mask = batch.response_mask.reshape(n * g, -1) & valid_resp[:, None]
@@ -131,33 +131,33 @@ def _advantages(batch: GroupBatch, valid, cfg: UpdateConfig, prior):
         batch.lengths.reshape(-1),
         batch.truncated.reshape(-1),
         rows_mask,
-        cfg.overlong,
+        config.overlong,
     )
     correct = batch.correct.reshape(-1)
     adv, metrics = compute_advantages(
         rewards,
         correct,
         g,
-        config=cfg.adv,
+        config=config.adv,
         valid=valid_resp,
-        daa=cfg.daa,
+        daa=config.daa,
         group_valid=valid,
         prior=prior,
         history=batch.history,
     )
-    base, _ = compute_advantages(rewards, correct, g, config=cfg.adv, valid=valid_resp)
+    base, _ = compute_advantages(rewards, correct, g, config=config.adv, valid=valid_resp)
     amplified = jnp.abs(adv) > jnp.abs(base)
     metrics["reward/shaped_mean"] = (rewards * valid_resp).sum() / jnp.maximum(valid_resp.sum(), 1)
     return adv, loss_mask, amplified, metrics
 
 
-def _loss(logp, ent, rows: ResponseRows, loss_mask, cfg: UpdateConfig, normalizer):
+def _loss(logp, ent, rows: ResponseRows, loss_mask, config: UpdateConfig, normalizer):
     return da3po_loss(
         logp,
         rows.logp_old,
         rows.adv,
         loss_mask,
-        config=cfg.loss,
+        config=config.loss,
         logp_ref=rows.logp_ref,
         normalizer=normalizer,
         entropy=ent,
@@ -166,25 +166,25 @@ def _loss(logp, ent, rows: ResponseRows, loss_mask, cfg: UpdateConfig, normalize
     )
 
 
-def _minibatch_grads(graphdef, params, mb: ResponseRows, cfg: UpdateConfig, norm, sharding):
+def _minibatch_grads(graphdef, params, mb: ResponseRows, config: UpdateConfig, norm, sharding):
     """The gradient of one mini-batch, accumulated over its micro-batches: padded slices
     of `micro_batch_prompts` groups, or the packed slots of the mini-batch's plan (slot m
     trains on the responses the plan put in it, the others masked out of its loss)."""
-    if cfg.pack is None:
-        micro_rows = (cfg.micro_batch_prompts or cfg.mini_batch_prompts) * cfg.group_size
+    if config.pack is None:
+        micro_rows = (config.micro_batch_prompts or config.mini_batch_prompts) * config.group_size
 
         def loss_fn(p, m: ResponseRows):
             logp, ent = response_logprobs(graphdef, p, *m.inputs())
-            return _loss(logp, ent, m, m.loss_mask, cfg, norm)
+            return _loss(logp, ent, m, m.loss_mask, config, norm)
 
         return accumulate_grads(loss_fn, params, mb.split(mb.num_rows // micro_rows))
 
     def packed_loss_fn(p, m):
-        logp, ent = packed_response_logprobs(graphdef, p, mb, m, cfg.pack, sharding)
+        logp, ent = packed_response_logprobs(graphdef, p, mb, m, config.pack, sharding)
         here = (mb.plan.micro == m)[:, None]
-        return _loss(logp, ent, mb, jnp.where(here, mb.loss_mask, 0), cfg, norm)
+        return _loss(logp, ent, mb, jnp.where(here, mb.loss_mask, 0), config, norm)
 
-    slots = jnp.arange(num_slots(mb, mb.num_rows, cfg.pack), dtype=jnp.int32)
+    slots = jnp.arange(num_slots(mb, mb.num_rows, config.pack), dtype=jnp.int32)
     used = lambda m: jnp.any(mb.plan.micro == m)  # noqa: E731
     return accumulate_grads(packed_loss_fn, params, slots, used)
 
@@ -199,7 +199,7 @@ def rl_update(
     `state` donated (`jax.jit(rl_update, static_argnames="program",
     donate_argnames="state")`, as `PolicyUpdate` does).
 
-    With `program.cfg.opd` set, the teacher's log-probs of the sampled responses (one
+    With `program.config.opd` set, the teacher's log-probs of the sampled responses (one
     forward of `frozen.teacher_params`) give the per-token OPD advantages; with a
     reference (`frozen.ref_params`) the loss has its KL term (`frozen` None: neither).
 
@@ -213,60 +213,67 @@ def rl_update(
     Returns:
       (new state, scalar metrics).
     """
-    graphdef, cfg, batch = program.graphdef, program.cfg, inputs.batch
+    graphdef, config, batch = program.graphdef, program.config, inputs.batch
     frozen = frozen or FrozenModels()
-    if cfg.loss.tis_cap > 0 and batch.logp_sample is None:
+    if config.loss.tis_cap > 0 and batch.logp_sample is None:
         raise ValueError("loss.tis_cap > 0 needs the sampler's log-probs (batch.logp_sample)")
-    if (cfg.pack is None) != (inputs.plan is None):
-        raise ValueError("rl_update takes a packing plan exactly when cfg.pack is set")
-    cfg = cfg.resolved(batch)
-    adv, loss_mask, amplified, metrics = _advantages(batch, inputs.valid, cfg, inputs.prior)
+    if (config.pack is None) != (inputs.plan is None):
+        raise ValueError("rl_update takes a packing plan exactly when config.pack is set")
+    config = config.resolved(batch)
+    adv, loss_mask, amplified, metrics = _advantages(batch, inputs.valid, config, inputs.prior)
     rows = ResponseRows.from_groups(batch, inputs.plan)
     rows = rows.replace(adv=adv, loss_mask=loss_mask, amplified=amplified)
     teacher = (program.teacher_graphdef, frozen.teacher_params)
     rows, frozen_metrics = _frozen_forwards(
-        graphdef, state.params, rows, batch, cfg, frozen.ref_params, teacher, program.pack_sharding
+        graphdef,
+        state.params,
+        rows,
+        batch,
+        config,
+        frozen.ref_params,
+        teacher,
+        program.pack_sharding,
     )
     metrics.update(frozen_metrics)
     params, opt_state, update_metrics = _minibatch_updates(
-        graphdef, program.tx, cfg, state, rows, program.pack_sharding
+        graphdef, program.tx, config, state, rows, program.pack_sharding
     )
     metrics.update(update_metrics)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics
 
 
-def _frozen_forwards(graphdef, params, rows, batch, cfg: UpdateConfig, ref_params, teacher, sh):
+def _frozen_forwards(graphdef, params, rows, batch, config: UpdateConfig, ref_params, teacher, sh):
     """The forwards that take no gradient, written into `rows`: recomputed old log-probs,
     the reference's log-probs (KL term) and, for OPD, the teacher's, which replace the
     advantages and the loss mask. Returns (rows, the OPD metrics ({} without a teacher))."""
-    pack_args = None if cfg.pack is None else (cfg.mini_batch_rows, cfg.pack, sh)
-    if cfg.recompute_logp_old:
+    pack_args = None if config.pack is None else (config.mini_batch_rows, config.pack, sh)
+    if config.recompute_logp_old:
         rows = rows.replace(logp_old=frozen_logprobs(graphdef, params, rows, pack_args))
     if ref_params is not None:
         rows = rows.replace(logp_ref=frozen_logprobs(graphdef, ref_params, rows, pack_args))
-    if cfg.opd is None:
+    if config.opd is None:
         return rows, {}
     teacher_graphdef, teacher_params = teacher
     if teacher_params is None or teacher_graphdef is None:
         raise ValueError("UpdateConfig.opd is set: rl_update needs the teacher")
     logp_teacher = frozen_logprobs(teacher_graphdef, teacher_params, rows, pack_args)
     adv, loss_mask, metrics = distillation_advantages(
-        rows, logp_teacher, batch.correct.reshape(-1), cfg.opd, cfg.ra_opd, cfg.group_size
+        rows, logp_teacher, batch.correct.reshape(-1), config.opd, config.ra_opd, config.group_size
     )
     return rows.replace(adv=adv, loss_mask=loss_mask), metrics
 
 
-def _minibatch_updates(graphdef, tx, cfg: UpdateConfig, state: TrainState, rows, sharding):
+def _minibatch_updates(graphdef, tx, config: UpdateConfig, state: TrainState, rows, sharding):
     """`num_iterations` passes of one optimizer update per mini-batch (a `lax.scan`);
     an update with no valid token or a non-finite loss / gradient / update is not
     applied. Returns (params, opt_state, metrics)."""
-    minibatches = rows.split(rows.num_rows // cfg.mini_batch_rows)
+    minibatches = rows.split(rows.num_rows // config.mini_batch_rows)
 
     def update(carry, mb: ResponseRows):
         params, opt_state = carry
-        norm = loss_normalizer(mb.loss_mask, cfg.loss.agg)
-        grads, loss, mb_metrics = _minibatch_grads(graphdef, params, mb, cfg, norm, sharding)
+        norm = loss_normalizer(mb.loss_mask, config.loss.agg)
+        grads, loss, mb_metrics = _minibatch_grads(graphdef, params, mb, config, norm, sharding)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         grad_norm = optax.global_norm(grads)
         finite = (
@@ -281,12 +288,12 @@ def _minibatch_updates(graphdef, tx, cfg: UpdateConfig, state: TrainState, rows,
 
     carry = (state.params, state.opt_state)
     micro, per_mb = [], []
-    for _ in range(cfg.num_iterations):
+    for _ in range(config.num_iterations):
         carry, (m, s) = jax.lax.scan(update, carry, minibatches)
         micro.append(m)
         per_mb.append(s)
     stack = lambda ms: {k: jnp.stack([m[k] for m in ms]) for k in ms[0]}  # noqa: E731
-    metrics = combine_metrics(stack(micro), cfg.num_iterations)
+    metrics = combine_metrics(stack(micro), config.num_iterations)
     per_mb = stack(per_mb)  # [iterations, mini-batches]
     applied = per_mb.pop("optim/applied")
     nonfinite = per_mb.pop("_nonfinite")

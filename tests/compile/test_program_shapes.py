@@ -59,7 +59,7 @@ def run_and_record(monkeypatch, tmp_path, overrides: dict):
     calls: dict[str, list[Signature]] = {
         k: [] for k in ("update", "ds_round", "generate", "admit_groups", "decode_steps")
     }
-    engines, model_cfgs = [], []
+    engines, model_configs = [], []
 
     original_call, original_init = PolicyUpdate.__call__, collector_lib.Collector.__init__
 
@@ -74,9 +74,9 @@ def run_and_record(monkeypatch, tmp_path, overrides: dict):
 
     add_finished, make_engine = collector_lib.jitted_add_finished, build_lib.make_engine
 
-    def recorded_engine(ctx, graphdef, model_cfg, *args, **kwargs):
-        model_cfgs.append(model_cfg)  # the policy's (its vocabulary is the tokenizer's)
-        return make_engine(ctx, graphdef, model_cfg, *args, **kwargs)
+    def recorded_engine(ctx, graphdef, model_config, *args, **kwargs):
+        model_configs.append(model_config)  # the policy's (its vocabulary is the tokenizer's)
+        return make_engine(ctx, graphdef, model_config, *args, **kwargs)
 
     monkeypatch.setattr(build_lib, "make_engine", recorded_engine)
     monkeypatch.setattr(PolicyUpdate, "__call__", update_call)
@@ -98,17 +98,17 @@ def run_and_record(monkeypatch, tmp_path, overrides: dict):
         for k in ("group_size", "prompt_len", "max_new_tokens", "max_staleness")
         + ("max_in_flight", "return_size")
     }
-    return calls, sizes, model_cfgs[0], config
+    return calls, sizes, model_configs[0], config
 
 
-def planned(config, model_cfg, prompt_len: int) -> tuple[dict[str, Signature], dict]:
+def planned(config, model_config, prompt_len: int) -> tuple[dict[str, Signature], dict]:
     """(program name -> the signature the planner traces it with, the engine sizes it
     assumes) for the run of `config` with this model and prompt length, on the run's one
     device. (The planner's own `ModelConfig` of a run that builds its tokenizer assumes
     the vocabulary asked for, `tokenizer.vocab_size` rounded up, not the one trained.)"""
     s = resolve_settings(config)
     mesh = make_mesh((1, 1, 1))
-    a, progs = programs_lib.run_programs(s, model_cfg, mesh, prompt_len=prompt_len)
+    a, progs = programs_lib.run_programs(s, model_config, mesh, prompt_len=prompt_len)
     with programs_lib.lowering_for("cpu", mesh):
         out = {p.name: signature(p.trace()) for p in progs if p.used}
     return out, vars(a.engine)
@@ -136,11 +136,11 @@ def test_planned_programs_take_the_arguments_of_a_real_step(
     hash_scorer,  # noqa: F811
     case,
 ):
-    calls, sizes, model_cfg, config = run_and_record(
+    calls, sizes, model_config, config = run_and_record(
         monkeypatch, tmp_path, {**ONE_STEP, **CASES[case]}
     )
     monkeypatch.undo()  # the planner traces the unpatched functions
-    plan, planned_sizes = planned(config, model_cfg, sizes["prompt_len"])
+    plan, planned_sizes = planned(config, model_config, sizes["prompt_len"])
     assert planned_sizes == sizes
     static = CASES[case]["rollout.engine"] == "static"
     packed = CASES[case].get("rl.packing", True)

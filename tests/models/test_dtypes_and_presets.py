@@ -41,7 +41,7 @@ def test_bf16_dtypes_end_to_end(tmp_path):
     scale = np.abs(np.asarray(logits_f32)).max()
     err = np.abs(np.asarray(logits_bf16 - logits_f32))[np.asarray(mask)].max()
     assert err <= 0.05 * scale, (err, scale)
-    cache = KVCache.init(bf16.cfg, 2, 10)
+    cache = KVCache.init(bf16.config, 2, 10)
     assert cache.k[0].dtype == jnp.bfloat16
     _, cache = bf16(tokens, pos, mask, cache)
     assert cache.k[0].dtype == jnp.bfloat16 and int(cache.index) == 8
@@ -53,7 +53,7 @@ def test_bf16_dtypes_end_to_end(tmp_path):
     st = SafetensorsFile(f"{out}/model.safetensors")
     assert {st._entries[k]["dtype"] for k in st.keys()} == {"BF16"}
     back = load_model(out)
-    assert back.cfg.param_dtype == "float32"  # the caller chooses; values are the bf16 ones
+    assert back.config.param_dtype == "float32"  # the caller chooses; values are the bf16 ones
     np.testing.assert_array_equal(
         np.asarray(back.embed[...]), np.asarray(bf16.embed[...]).astype(np.float32)
     )

@@ -42,7 +42,7 @@ def test_logits_match_transformers(tmp_path, case):
     # Positions beyond the original context exercise all three llama3 frequency bands.
     ref = hf_logits(hf, tokens, mask)
     model, ours = _ours(str(tmp_path), tokens, mask)
-    assert model.cfg.model_type == family
+    assert model.config.model_type == family
     assert np.abs(ref).max() > 1.0  # weights are large enough for the check to bite
     diff = np.abs(ours - ref)[mask]
     assert diff.max() <= 1e-4, f"max |logits diff| = {diff.max():.3g}"
@@ -56,9 +56,9 @@ def test_config_reads_rope_and_head_dim(tmp_path):
         str(tmp_path), "qwen3", rope_parameters={"rope_type": "default", "rope_theta": 5e5}
     )
     model = load_model(str(tmp_path))
-    assert model.cfg.rope_theta == 5e5
-    assert model.cfg.head_dim == 24 != model.cfg.hidden_size // model.cfg.num_heads
-    assert model.cfg.qk_norm and not model.cfg.attention_bias
+    assert model.config.rope_theta == 5e5
+    assert model.config.head_dim == 24 != model.config.hidden_size // model.config.num_heads
+    assert model.config.qk_norm and not model.config.attention_bias
 
 
 def test_llama3_long_positions_match(tmp_path):

@@ -36,7 +36,7 @@ def _batch():
 def test_stacked_parameters_are_the_unscanned_ones():
     flat, scanned = _pair()
     stacked = nnx.state(scanned.layers)
-    assert stacked["attn"]["q"].get_value().shape[0] == flat.cfg.num_layers
+    assert stacked["attn"]["q"].get_value().shape[0] == flat.config.num_layers
     for i, layer in enumerate(flat.layers):
         got = jax.tree.map(lambda a, i=i: np.asarray(a[i]), stacked)
         want = jax.tree.map(np.asarray, nnx.state(layer))
@@ -67,7 +67,7 @@ def test_scanned_logits_and_gradients_equal_unscanned(remat, policy):
         atol=1e-5,
         rtol=1e-5,
     )
-    for i in range(flat.cfg.num_layers):
+    for i in range(flat.config.num_layers):
         want = jax.tree.leaves(g_flat["layers"][i])
         got = jax.tree.leaves(jax.tree.map(lambda a, i=i: a[i], g_scan["layers"]))
         for x, y in zip(got, want, strict=True):
@@ -104,7 +104,7 @@ def test_hf_folders_round_trip_between_layouts(tmp_path):
     flat, _ = _pair()
     save_model(flat, str(tmp_path / "a"))
     scanned = load_model(str(tmp_path / "a"), scan_layers=True)
-    assert scanned.cfg.scan_layers
+    assert scanned.config.scan_layers
     save_model(scanned, str(tmp_path / "b"))
     back = load_model(str(tmp_path / "b"))
     for x, y in zip(

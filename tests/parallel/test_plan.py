@@ -88,7 +88,7 @@ def test_plan_matches_live_buffers_on_one_device():
     p, tp = cfg.rollout.prompts_per_round, max(cfg.rollout.prompt_buckets)
     prompts = shard_batch(jax.numpy.zeros((p, tp), jax.numpy.int32), mesh)
     gen = GenerateConfig(num_samples=cfg.rollout.group_size, max_new_tokens=48)
-    cache = new_cache(model.cfg, prompts, gen)
+    cache = new_cache(model.config, prompts, gen)
     assert plan.kv_cache == pytest.approx(live(cache), rel=0.1)
     assert plan.info["rollout_rows"] == p * cfg.rollout.group_size
 

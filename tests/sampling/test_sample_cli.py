@@ -97,12 +97,14 @@ def _cli_error(capsys, **values) -> str:
 
 def test_dtype_bfloat16_loads_bf16_params_and_samples(folder, tok):
     model = load_on_mesh(folder, make_mesh(), "bfloat16")
-    assert (model.cfg.param_dtype, model.cfg.dtype) == ("bfloat16", "bfloat16")
+    assert (model.config.param_dtype, model.config.dtype) == ("bfloat16", "bfloat16")
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert leaves and all(x.dtype == jnp.bfloat16 for x in leaves)
     got = sample_from_folder(folder, PROMPTS, dtype="bfloat16", **GEN)
     graphdef, state = nnx.split(model)
-    want = sample_text(Sampler(graphdef, model.cfg, config_for(tok, **GEN)), state, tok, PROMPTS, 0)
+    want = sample_text(
+        Sampler(graphdef, model.config, config_for(tok, **GEN)), state, tok, PROMPTS, 0
+    )
     np.testing.assert_array_equal(got.output.tokens, want.output.tokens)
     assert got.texts == want.texts and got.output.lengths.min() > 0
     f32 = nnx.state(load_on_mesh(folder, make_mesh()), nnx.Param)  # default: as load_model

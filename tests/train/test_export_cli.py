@@ -208,7 +208,7 @@ def test_scan_layers_checkpoint_exports_per_layer_weights(run, tmp_path, capsys)
     (workdir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     shutil.copytree(os.path.join(run.workdir, "tokenizer"), workdir / "tokenizer")
     model = policy_model(cfg.model, run.tokenizer, seed=11)
-    assert nnx.state(model)["layers"]["attn"]["q"].shape[0] == model.cfg.num_layers
+    assert nnx.state(model)["layers"]["attn"]["q"].shape[0] == model.config.num_layers
     tx, _ = make_optimizer(cfg.optim, 2)
     graphdef, state = init_train_state(model, tx, cfg.seed)
     checkpointer = Checkpointer(str(workdir))

@@ -212,7 +212,7 @@ def test_load_teacher_checks_tokenizer_and_vocab(tokenizers, tmp_path):
     good = str(tmp_path / "good")
     save_model(student, good, tokenizer_dir=str(tokenizers / "a"))
     teacher = load_teacher(cfg_for(good), tok, student)
-    assert teacher.cfg.vocab_size == 512
+    assert teacher.config.vocab_size == 512
 
 
 def test_opd_config_validation():

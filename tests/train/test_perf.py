@@ -217,7 +217,7 @@ def test_the_loop_logs_one_compile_per_function_and_a_flop_rate(tmp_path, caplog
     data = load_datasets(cfg.data, cfg.seed)
     ctx = RunContext(cfg, workdir, tokenizer, encoder, data, HashScorer())
     model = policy_model(cfg.model, tokenizer, seed=cfg.seed)
-    model_cfg = model.cfg
+    model_cfg = model.config
     trainer = build_trainer(ctx, model)
     try:
         with caplog.at_level(logging.WARNING, logger="da3po_jax.runtime.perf"):
