@@ -42,10 +42,13 @@ def _rows(workdir, kind):
 
 
 @pytest.mark.slow
-def test_da3po_trains_through_the_continuous_engine(tmp_path, caplog):
+def test_da3po_trains_through_the_continuous_engine(tmp_path, caplog, monkeypatch):
     cfg = micro_config(
         "da3po", **CONTINUOUS, **{"train.steps": 3, "train.eval_every": 3, "ds.max_prompts": 12}
     )
+    from program_shapes import ProgramRecorder, check_planned_programs  # tests/
+
+    recorder = ProgramRecorder(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="da3po_jax"):
         summary = train(cfg, str(tmp_path))
     assert summary["steps"] == 3
@@ -63,6 +66,8 @@ def test_da3po_trains_through_the_continuous_engine(tmp_path, caplog):
     assert "compiled again" not in caplog.text
     evals = _rows(str(tmp_path), "eval")
     assert [r["step"] for r in evals] == [0, 3] and "eval/avg@2" in evals[0]
+    # the compile planner's programs take the arguments this run gave them
+    check_planned_programs(recorder, cfg)
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def test_bad_partial_settings_are_refused(overrides, needle):
 @pytest.mark.slow
 @pytest.mark.usefixtures("hash_scorer")
 @pytest.mark.parametrize("partial_kv, staleness", [("keep", 1), ("recompute", 2)])
-def test_groups_span_versions_within_the_bound(tmp_path, partial_kv, staleness):
+def test_groups_span_versions_within_the_bound(tmp_path, partial_kv, staleness, monkeypatch):
     overrides = {
         **PARTIAL,
         "rollout.partial_kv": partial_kv,
@@ -83,7 +83,11 @@ def test_groups_span_versions_within_the_bound(tmp_path, partial_kv, staleness):
         "train.eval_every": 0,
         "train.checkpoint_every": 0,
     }
-    train(micro_config("da3po", **overrides), str(tmp_path))
+    from program_shapes import ProgramRecorder, check_planned_programs  # tests/
+
+    config = micro_config("da3po", **overrides)
+    recorder = ProgramRecorder(monkeypatch)
+    train(config, str(tmp_path))
     rows = [r for r in read_rows(str(tmp_path)) if r["kind"] == "train"]
     assert len(rows) == 4
     for r in rows:
@@ -98,6 +102,8 @@ def test_groups_span_versions_within_the_bound(tmp_path, partial_kv, staleness):
     # nothing admitted is lost: returned + still in flight = admitted
     returned = sum(r["samples/generated"] for r in rows) / G
     assert returned + rows[-1]["stale/in_flight"] == sum(r["ds/prompts"] for r in rows)
+    # the compile planner's programs (per-token versions included) take these arguments
+    check_planned_programs(recorder, config)
 
 
 _KILLED_AT_3 = """

@@ -102,9 +102,13 @@ EXTRA = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "da3po"])
-def test_two_step_smoke(tmp_path, hash_scorer, algo):
+def test_two_step_smoke(tmp_path, hash_scorer, algo, monkeypatch):
     workdir = str(tmp_path / algo)
-    summary = train(micro_config(algo, **EXTRA[algo]), workdir)
+    from program_shapes import ProgramRecorder, check_planned_programs  # tests/
+
+    config = micro_config(algo, **EXTRA[algo])
+    recorder = ProgramRecorder(monkeypatch)
+    summary = train(config, workdir)
     assert summary["steps"] == 2
     rows = [r for r in read_rows(workdir) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2]
@@ -128,6 +132,8 @@ def test_two_step_smoke(tmp_path, hash_scorer, algo):
     ):
         assert os.path.exists(os.path.join(workdir, name)), name
     assert "eval/avg@2" in summary["after"]
+    # the compile planner's programs (the static engine's, with its eval) take these arguments
+    check_planned_programs(recorder, config)
 
 
 class Interrupt(Exception):
