@@ -1,4 +1,5 @@
-"""The real recipe: DA3PO on Qwen2.5-Math-7B with DAPO-Math-17k, at the DAPO paper's settings.
+"""The real recipe: DA3PO on Qwen2.5-Math-7B with DAPO-Math-17k, at the DAPO paper's settings
+except the length (Qwen2.5-Math-7B has 4096 positions).
 
     python -m da3po_jax.main --config=configs/qwen_math.py \
         --config.model.path=/data/Qwen2.5-Math-7B \
@@ -6,9 +7,15 @@
         --config.data.eval_path=/data/aime-2024.parquet --workdir=/data/runs/qwen_math
 
 DAPO settings: AdamW lr 1e-6 constant after 20 warm-up steps, 512 prompts x 16 samples per
-step, mini-batches of 32 prompts, clip 0.2 / 0.28, temperature 1.0, responses up to 20480
-tokens with a 4096-token overlong buffer, token-level loss, dynamic sampling (up to 10
-generation rounds); eval avg@32 at top-p 0.7. `--config.algo=dapo` or `grpo` switches the
+step, mini-batches of 32 prompts, clip 0.2 / 0.28, temperature 1.0, +1 / -1 rewards,
+token-level loss, dynamic sampling (up to 10 generation rounds); eval avg@32 at top-p 0.7.
+The length is not DAPO's: its 20480-token responses do not fit the model's
+max_position_embeddings = 4096 (the run refuses any prompt bucket + response cap above it),
+so prompts go up to 1024 tokens and responses up to 3072, with a 512-token overlong buffer
+(about DAPO's fifth of the cap). Longer responses need the context extended explicitly,
+`--config.model.max_position_embeddings=N --config.model.rope_theta=THETA` (both written to
+the exported config.json; e.g. 16384 and 40000, a choice some Qwen2.5-Math RL recipes
+make), a change to the model this recipe does not make for you. `--config.algo=dapo` or `grpo` switches the
 algorithm-dependent fields. DAPO-Math-17k's user messages already carry the DAPO
 `Answer:` instruction, hence the raw template; its Parquet repeats rows, hence dedupe.
 """
@@ -38,14 +45,14 @@ def get_config():
 
     c.rollout.prompts_per_round = 512
     c.rollout.group_size = 16
-    c.rollout.prompt_buckets = (256, 512, 1024, 2048)
-    c.rollout.max_new_tokens = 20480
+    c.rollout.prompt_buckets = (256, 512, 1024)
+    c.rollout.max_new_tokens = 3072  # + the 1024-token bucket = the model's 4096 positions
     c.rollout.temperature = 1.0
     c.rl.train_prompts = 512
     c.rl.mini_batch_prompts = 32
-    c.rl.pack_rows = 8  # one packed row of 2048 + 20480 tokens per device on 8 devices
+    c.rl.pack_rows = 8  # packed rows of 1024 + 3072 tokens, one per device on 8 devices
     c.ds.max_prompts = 5120  # 10 rounds of 512
-    c.overlong.buffer = 4096
+    c.overlong.buffer = 512
     c.overlong.penalty = 1.0
 
     c.optim.lr = 1e-6

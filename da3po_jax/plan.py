@@ -49,7 +49,7 @@ from da3po_jax.parallel.mesh import AXES, resolve_mesh_shape
 from da3po_jax.parallel.rules import spec_for
 from da3po_jax.rl import ds_empty_buffer
 from da3po_jax.rollout import GroupBatch
-from da3po_jax.run.model_shapes import policy_config, teacher_config
+from da3po_jax.run.model_shapes import check_context, model_origin, policy_config, teacher_config
 from da3po_jax.sampling.sampler import cache_length
 from da3po_jax.update.state import make_optimizer
 
@@ -451,7 +451,10 @@ def plan_memory(
         raise ValueError(f"config.{e}") from None
     device_bytes = _device_bytes(device, device_gib)
     tp = int(prompt_len or max(rollout.prompt_buckets))
-    run = _Run(settings, abstract_mesh(shape), policy_config(settings), device, tp)
+    model_config = policy_config(settings)
+    where = model_origin(settings.model, settings.model.path)
+    check_context(settings, model_config, tp, tp, f"{where}, as planned")
+    run = _Run(settings, abstract_mesh(shape), model_config, device, tp)
     res, roll, train = _resident(run), _rollout_phase(run), _train_phase(run)
     resident = sum(res[k] for k in ("params", "optimizer", "reference", "teacher", "batch"))
     resident += res["gathered"]

@@ -4,9 +4,9 @@
   python -m experiments.ablate --only estimators # or: caps, ds
 
 Groups of variants (each compared with its first entry; runs named like compare's, e.g.
-`dapo` and `da3po` = the default power rule, are shared with `experiments.compare`):
-- estimators: power beta 0.5 / 1 (cap 4), bayes gamma 0.5 / 1, history, and the control
-  that amplifies both signs in hard groups;
+`dapo` and `da3po` = the default constant rule, are shared with `experiments.compare`):
+- estimators: constant (factor 2), power beta 0.5 / 1 (cap 4), bayes gamma 0.5 / 1,
+  history, and the control that amplifies both signs in hard groups;
 - caps: power beta 0.5 with lambda_max 2, 4, 8;
 - ds: DA3PO with and without dynamic sampling.
 """
@@ -20,7 +20,8 @@ from experiments.compare import parse, study
 GROUPS = {
     "estimators": {
         "dapo": {"algo": "dapo"},
-        "da3po": {"algo": "da3po"},  # the default: power, beta 0.5, cap 4
+        "da3po": {"algo": "da3po"},  # the default: constant, factor 2
+        "power_b0.5": {"algo": "da3po", "daa.estimator": "power"},  # beta 0.5, cap 4
         "power_b1": {"algo": "da3po", "daa.estimator": "power", "daa.beta": 1.0},
         "bayes_g0.5": {"algo": "da3po", "daa.estimator": "bayes", "daa.gamma": 0.5},
         "bayes_g1": {"algo": "da3po", "daa.estimator": "bayes", "daa.gamma": 1.0},
@@ -29,9 +30,9 @@ GROUPS = {
     },
     "caps": {
         "dapo": {"algo": "dapo"},
-        "cap2": {"algo": "da3po", "daa.lambda_max": 2.0},
-        "da3po": {"algo": "da3po"},  # cap 4
-        "cap8": {"algo": "da3po", "daa.lambda_max": 8.0},
+        "cap2": {"algo": "da3po", "daa.estimator": "power", "daa.lambda_max": 2.0},
+        "power_b0.5": {"algo": "da3po", "daa.estimator": "power"},  # cap 4
+        "cap8": {"algo": "da3po", "daa.estimator": "power", "daa.lambda_max": 8.0},
     },
     "ds": {
         "da3po": {"algo": "da3po"},  # dynamic sampling on

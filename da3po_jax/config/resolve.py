@@ -23,7 +23,8 @@ def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
     """Defaults that define each algorithm (docs/algorithms.md): GRPO = std-normalised group
     advantages, symmetric clip, sequence-mean loss; DAPO = dynamic sampling, clip-higher,
     token-level loss, soft overlong punishment over the last fifth of the length cap (the
-    DAPO paper's 4096 of 20480); DA3PO = DAPO + DAA. OPD / RA-OPD: per-token teacher
+    DAPO paper's 4096 of 20480) added to DAPO's +1 / -1 reward; DA3PO = DAPO + DAA. GRPO
+    keeps the 1 / 0 reward of its paper's rule-based setups. OPD / RA-OPD: per-token teacher
     advantages with a plain symmetric clip (eps_high = eps_low) and the token-level loss;
     no dynamic sampling (the teacher signal does not need mixed groups), no DAA, no
     overlong shaping (placeholders: any of them can still be switched on explicitly)."""
@@ -34,6 +35,8 @@ def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
         "overlong.buffer": 0,
         "loss.eps_high": 0.2,
         "loss.agg": "seq-mean-token-mean",
+        "reward.correct": 1.0,
+        "reward.incorrect": 0.0,
     }
     if algo in DISTILLATION:
         return {**grpo, "loss.agg": "token-mean"}
@@ -46,6 +49,8 @@ def algorithm_preset(algo: str, max_new_tokens: int) -> dict[str, Any]:
         "overlong.buffer": max_new_tokens // 5,
         "loss.eps_high": 0.28,
         "loss.agg": "token-mean",
+        "reward.correct": 1.0,
+        "reward.incorrect": -1.0,
     }
     if algo == "dapo":
         return dapo
@@ -95,6 +100,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "reward.fallback": "none",
     "data.synthetic_tier_weights": (1.0, 1.0, 1.0, 0.0),
     "train.token_budget": 0,
+    "daa.factor": 2.0,  # read only by the constant rule, which did not exist
+    "loss.train_temperature": 1.0,  # runs before it trained the untempered policy
 }
 
 
@@ -167,7 +174,7 @@ def _section(name: str, cls: type, values: dict[str, Any], rollout: Any):
             value = tuple(value)
         kwargs[f.name] = value
     if rollout is not None:
-        kwargs.update(derived_fields(name, rollout))
+        kwargs.update(derived_fields(name, rollout, kwargs))
     try:
         return cls(**kwargs)
     except SettingError as e:

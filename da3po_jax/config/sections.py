@@ -100,6 +100,17 @@ class ModelSettings:
         choice(*REMAT_POLICY_CHOICES),
     )
     init_checkpoint: str = setting("", "HF folder to start RL from (e.g. an SFT export)")
+    max_position_embeddings: int = setting(
+        0,
+        "0 = the checkpoint's (or preset's); larger extends the policy's context explicitly "
+        "(usually with rope_theta): prompt bucket + response must fit it",
+        non_negative,
+    )
+    rope_theta: float = setting(
+        0.0,
+        "0 = the checkpoint's; the policy's RoPE base (raised to extend the context)",
+        non_negative,
+    )
 
     def runtime_fields(self) -> dict[str, Any]:
         """The fields that override a checkpoint's architecture at load time (dtypes,
@@ -107,6 +118,14 @@ class ModelSettings:
         from da3po_jax.models.config import RUNTIME_FIELDS
 
         return {k: getattr(self, k) for k in RUNTIME_FIELDS}
+
+    def context_fields(self) -> dict[str, Any]:
+        """The policy's context extension, the architecture fields set here (not 0) that
+        replace the checkpoint's: max_position_embeddings, rope_theta. The policy's only
+        (a teacher keeps its own); an export writes them to its config.json."""
+        fields = {"max_position_embeddings": self.max_position_embeddings}
+        fields["rope_theta"] = self.rope_theta
+        return {k: v for k, v in fields.items() if v}
 
 
 @section
@@ -179,7 +198,7 @@ class RolloutSettings:
     tis_cap: float = setting(
         2.0,
         "truncated importance sampling: when temperature / top-k / top-p make the sampling "
-        "distribution mu differ from the temperature-1 policy, each token's loss is weighted "
+        "distribution mu differ from the trained policy, each token's loss is weighted "
         "by min(pi_old / mu, tis_cap); 0 = off. Not applied when the two coincide",
         lambda v: None if v == 0 or v >= 1 else "must be 0 (off) or >= 1",
     )
@@ -202,11 +221,10 @@ class RolloutSettings:
         """The prompt-length buckets, shortest first."""
         return tuple(sorted(self.prompt_buckets))
 
-    @property
-    def exact(self) -> bool:
-        """Rollouts sample the temperature-1 policy itself (no temperature, top-k or
-        top-p): pi_old = mu, so no importance correction is needed."""
-        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
+    def samples_policy_at(self, temperature: float) -> bool:
+        """Rollouts sample the policy at `temperature` itself (that temperature, no top-k
+        or top-p): pi_old = mu, so no importance correction is needed."""
+        return self.temperature == temperature and self.top_k == 0 and self.top_p == 1.0
 
 
 @section
@@ -264,8 +282,15 @@ class TeacherSettings:
 
 @section
 class RewardSettings:
-    correct: float = setting(1.0, "reward of a correct response")
-    incorrect: float = setting(0.0, "reward of an incorrect response")
+    correct: float = setting(
+        1.0, "reward of a correct response (the algorithm preset: 1)", preset=True
+    )
+    incorrect: float = setting(
+        0.0,
+        "reward of an incorrect response (the algorithm preset: -1 for dapo / da3po, as in "
+        "DAPO; 0 otherwise); soft overlong punishment is added on top",
+        preset=True,
+    )
     timeout_s: float = setting(5.0, "verifier time limit per response (s)", positive)
     num_workers: int = setting(2, "verifier processes (0: in-process)", non_negative)
     verifier: str = setting(

@@ -46,17 +46,19 @@ DISTILLATION = ("opd", "ra_opd")
 TOP_LEVEL = ("algo", "stage", "seed")  # the fields of a config outside its sections
 
 
-def derived_fields(name: str, rollout: RolloutSettings) -> dict[str, Any]:
-    """The fields of section `name` that the settings derive from the rollout's (not set in
-    a config): the loss's truncated importance sampling cap, on only when the rollout
-    distribution differs from the policy the ratio is taken against (sampling is not
-    exact, or partial rollouts sample with older weights); overlong shaping's response cap."""
+def derived_fields(name: str, rollout: RolloutSettings, own: dict[str, Any]) -> dict[str, Any]:
+    """The fields of section `name` that the settings derive (not set in a config), from the
+    rollout section and the section's own fields `own`: the loss's trained-policy
+    temperature (`train_temperature`, or the sampling temperature where that is 0; 1 for
+    greedy rollouts) and its truncated importance sampling cap, on only when the rollout
+    distribution differs from the policy the ratio is taken against (the sampling
+    temperature is not that policy's, top-k / top-p truncate, or partial rollouts sample
+    with older weights); overlong shaping's response cap."""
     if name == "loss":
-        return {
-            "tis_cap": 0.0
-            if rollout.exact and not rollout.max_staleness
-            else float(rollout.tis_cap)
-        }
+        temperature = own["train_temperature"] or rollout.temperature or 1.0
+        exact = rollout.samples_policy_at(temperature) and not rollout.max_staleness
+        tis_cap = 0.0 if exact else float(rollout.tis_cap)
+        return {"temperature": float(temperature), "tis_cap": tis_cap}
     if name == "overlong":
         return {"max_len": rollout.max_new_tokens}
     return {}
@@ -92,8 +94,8 @@ class Settings:
     def __post_init__(self):
         check_fields(self)
         for name in ("loss", "overlong"):  # kept in step with the rollout section
-            derived = derived_fields(name, self.rollout)
             section = getattr(self, name)
+            derived = derived_fields(name, self.rollout, dataclasses.asdict(section))
             if any(getattr(section, k) != v for k, v in derived.items()):
                 object.__setattr__(self, name, dataclasses.replace(section, **derived))
 

@@ -10,6 +10,8 @@ the incorrect responses relative to the ideal advantage R - p by odds(mu_g) / od
 gives the rare correct response that weight back. Estimators of lambda_g (`DAAConfig.estimator`,
 a name in the registry `DAA_RULES` of `DAARule`s):
 
+- `constant`: lambda = factor (the DA3PO paper's rule; factor 2 worked best there; the
+             default). `lambda_max` does not apply to it.
 - `power`:   lambda = clip((odds(tau) / odds(mu))^beta, 1, lambda_max).
 - `bayes`:   lambda = clip(odds(mu) * E_post[(1 - p) / p], 1, lambda_max)^gamma with the
              posterior Beta(a + k, b + n - k) of an empirical-Bayes Beta(a, b) prior, and
@@ -28,8 +30,8 @@ signs) is multiplied by the same lambda_g, separating "amplify correct responses
 Departures / choices not fixed by docs/algorithms.md: a group counts as hard only if it also has
 at least one correct response (0 < mu_g < tau): with mu_g = 0 there is nothing to amplify
 and lambda is undefined (`power`) or 1 (`bayes`). n (the group's number of valid
-responses) replaces G so masked responses are handled. Defaults `gamma = 0.5` and
-`history_decay = 0.5` are this module's choice (docs/algorithms.md gives none).
+responses) replaces G so masked responses are handled. `tau = 0.5`, `gamma = 0.5` and
+`history_decay = 0.5` are this module's choices (the paper's tau is not public).
 """
 
 from __future__ import annotations
@@ -68,15 +70,21 @@ class DAAConfig:
         preset=True,
     )
     estimator: str = setting(
-        "power",
-        "a name in DAA_RULES: power | bayes | history | none (lambda = 1)",
+        "constant",
+        "a name in DAA_RULES: constant (lambda = factor, the DA3PO paper's) | power | bayes | "
+        "history | none (lambda = 1)",
         lambda v: DAA_RULES.check(v),  # the registry as it is at check time
     )
     tau: float = setting(
         0.5, "hardness threshold: a kept group is hard iff 0 < mu_g < tau", open_unit
     )
+    factor: float = setting(
+        2.0, "lambda of the constant rule (the DA3PO paper's best: 2; >= 1)", at_least_one
+    )
     beta: float = setting(0.5, "exponent of the power rule", positive)
-    lambda_max: float = setting(4.0, "cap on lambda (>= 1)", at_least_one)
+    lambda_max: float = setting(
+        4.0, "cap on lambda of the power / bayes / history rules (>= 1)", at_least_one
+    )
     gamma: float = setting(
         0.5, "exponent of the bayes / history rules (1 equalises in expectation)", positive
     )
@@ -288,6 +296,11 @@ def _none_lambda(mu, k, n, config, prior, history):
     return jnp.ones_like(mu)
 
 
+def _constant_lambda(mu, k, n, config, prior, history):
+    del k, n, prior, history
+    return jnp.full(jnp.shape(mu), config.factor, jnp.float32)
+
+
 def _power_lambda(mu, k, n, config, prior, history):
     del k, n, prior, history
     lam = (odds(jnp.asarray(min(config.tau, 1 - 1e-6))) / _odds_mu(mu)) ** config.beta
@@ -311,6 +324,7 @@ def _history_lambda(mu, k, n, config, prior, history):
 
 
 DAA_RULES.register("none", DAARule(_none_lambda))
+DAA_RULES.register("constant", DAARule(_constant_lambda))
 DAA_RULES.register("power", DAARule(_power_lambda))
 DAA_RULES.register("bayes", DAARule(_bayes_lambda, uses_prior=True))
 DAA_RULES.register("history", DAARule(_history_lambda, uses_prior=True, uses_history=True))
@@ -337,7 +351,7 @@ def daa_lambda(
       history: `PromptHistory`, required by rules with `uses_history` (`history`).
 
     Returns:
-      `[P]` lambda in [1, lambda_max] (1 for estimator `"none"`).
+      `[P]` lambda: `factor` for `"constant"`, 1 for `"none"`, else in [1, lambda_max].
     """
     rule = DAA_RULES.get(config.estimator)
     if rule.uses_prior and prior is None:
@@ -362,14 +376,14 @@ def apply_daa(
 
     A'_i = lambda_g A_i if c_i = 1 (or any c_i with `apply_to="both"`) and 0 < mu_g < tau
     and group g is kept; A'_i = A_i otherwise. Incorrect responses are never changed under
-    `apply_to="correct"`. lambda_g in [1, lambda_max] from `daa_lambda`.
+    `apply_to="correct"`. lambda_g >= 1 from `daa_lambda`.
 
     Args:
       advantages: `[P * G]` or `[P, G]` per-response advantages (before token broadcast).
       correct: correctness c_i in {0, 1}, same shape.
       group_size: G.
-      config: `DAAConfig` (default `power`, tau 0.5, beta 0.5, cap 4); with `enable`
-        False nothing is amplified.
+      config: `DAAConfig` (default `constant`, factor 2, tau 0.5); with `enable` False
+        nothing is amplified.
       valid: optional per-response mask.
       group_valid: optional `[P]` mask of kept groups (default: groups with 0 < mu_g < 1,
         i.e. those that dynamic sampling by accuracy keeps).

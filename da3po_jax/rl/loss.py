@@ -65,6 +65,20 @@ class LossConfig:
         non_negative,
         config=False,
     )
+    train_temperature: float = setting(
+        0.0,
+        "temperature T of the trained policy softmax(logits / T): 0 = the rollout's sampling "
+        "temperature (as verl and TRL); 1 = the untempered policy. Read by the update's "
+        "forwards and the sampler's log-probs (da3po_loss takes log-probs)",
+        non_negative,
+    )
+    temperature: float = setting(
+        1.0,
+        "the trained policy's temperature: train_temperature, or the rollout's sampling "
+        "temperature where that is 0 (derived by the run)",
+        positive,
+        config=False,
+    )
 
     def __post_init__(self):
         check_fields(self)
@@ -145,8 +159,8 @@ def _entropy_from_logits(logits: jax.Array) -> jax.Array:
 def tis_weights(logp_old: jax.Array, logp_behavior: jax.Array, mask: jax.Array, cap: float):
     """Truncated importance weights w = stop_grad(min(pi_old / mu, C)) per token, 0 off-mask.
 
-    pi_old is the temperature-1 policy that the ratio is taken against and mu the
-    distribution the tokens were actually drawn from (temperature, top-k, top-p). Tokens
+    pi_old is the trained policy (at its temperature) that the ratio is taken against and
+    mu the distribution the tokens were actually drawn from (temperature, top-k, top-p). Tokens
     that mu could never emit never occur in the samples, so nothing corrects for the
     probability mass pi_old puts on them.
     """

@@ -27,7 +27,8 @@ class GroupBatch:
       prompt_mask: [N, Tp] bool.
       tokens: [N, G, Tn] int32 responses.
       response_mask: [N, G, Tn] bool, 1 on response tokens up to and including EOS.
-      logp_old: [N, G, Tn] float32 sampler (temperature-1) log-probs.
+      logp_old: [N, G, Tn] float32 sampler log-probs of the trained policy (at
+        `loss.temperature`).
       rewards: [N, G] float32 verifier rewards (overlong shaping is applied in the step).
       correct: [N, G] float32 verifier verdicts c in {0, 1}.
       lengths: [N, G] int32 response lengths.

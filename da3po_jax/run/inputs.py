@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from typing import Any
 
 import jax
 
@@ -99,7 +100,8 @@ def generate_configs(
     settings: Settings, tokenizer: Tokenizer
 ) -> tuple[GenerateConfig, GenerateConfig]:
     """(rollout, eval) sampling settings of the run: G samples at the rollout temperature,
-    and `eval.num_samples` at the eval temperature / top-p (top-k as in the rollout)."""
+    recording log-probs of the trained policy (`loss.temperature`), and `eval.num_samples`
+    at the eval temperature / top-p (top-k as in the rollout; its log-probs unused)."""
     rollout = settings.rollout
     train_gen = GenerateConfig(
         num_samples=rollout.group_size,
@@ -107,6 +109,7 @@ def generate_configs(
         temperature=rollout.temperature,
         top_k=rollout.top_k,
         top_p=rollout.top_p,
+        policy_temperature=settings.loss.temperature,
         stop_ids=tokenizer.eos_ids,
         pad_id=tokenizer.pad_id,
         gather_weights=rollout.gather_weights,
@@ -115,6 +118,7 @@ def generate_configs(
         num_samples=settings.eval.num_samples,
         temperature=settings.eval.temperature,
         top_p=settings.eval.top_p,
+        policy_temperature=1.0,
         max_new_tokens=settings.eval_max_new_tokens,
     )
     return train_gen, eval_gen
@@ -128,11 +132,13 @@ def policy_model(
     path: str | None = None,
     mesh=None,
     preset: str | None = None,
+    teacher: bool = False,
 ) -> Transformer:
     """Loads `path` (or `model.path`) or builds the preset (`model.preset` unless `preset`)
     with random weights from `seed`; with `mesh`, every parameter is created or read
     straight into its shards (`parallel.RULES`). The run's runtime fields (dtypes, remat,
-    attention, layer scan) apply either way.
+    attention, layer scan) apply either way, its context extension to the policy only
+    (not with `teacher`).
     """
     sharding = param_sharding(mesh) if mesh is not None else None
     path = path or (None if preset else model.path)
@@ -140,12 +146,11 @@ def policy_model(
         log.info("loading %s", path)
         with tensor_bar(os.path.basename(os.path.normpath(path))) as progress:
             policy = load_model(
-                path, sharding=sharding, progress=progress, **model.runtime_fields()
+                path, sharding=sharding, progress=progress, **model_overrides(model, teacher)
             )
     else:
-        policy = init_model(
-            policy_config(model, tokenizer, preset=preset), seed=seed, sharding=sharding
-        )
+        model_config = policy_config(model, tokenizer, preset=preset, teacher=teacher)
+        policy = init_model(model_config, seed=seed, sharding=sharding)
     if policy.config.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"the model's vocab_size={policy.config.vocab_size} is smaller than the "
@@ -182,18 +187,32 @@ def tensor_bar(name: str):
             bar.close()
 
 
+def model_overrides(model: ModelSettings, teacher: bool = False) -> dict[str, Any]:
+    """The `ModelConfig` fields the run sets over a checkpoint's or preset's: the runtime
+    fields, and the policy's context extension (not the teacher's)."""
+    return model.runtime_fields() | ({} if teacher else model.context_fields())
+
+
 def policy_config(
-    model: ModelSettings, tokenizer: Tokenizer, path: str | None = None, *, preset=None
+    model: ModelSettings,
+    tokenizer: Tokenizer,
+    path: str | None = None,
+    *,
+    preset=None,
+    teacher: bool = False,
 ) -> ModelConfig:
     """The architecture `policy_model` builds, without building it: `path`'s (or
     `model.path`'s) config.json, else the preset sized to the tokenizer's vocabulary;
-    the run's runtime fields (dtypes, remat, `scan_layers`, ...) override either. Shapes
-    of a checkpointed policy come from here (e.g. to restore only its parameters)."""
+    the run's runtime fields (dtypes, remat, `scan_layers`, ...) override either, and the
+    policy's context extension (`model.max_position_embeddings`, `model.rope_theta`)
+    unless it is the `teacher`. Shapes of a checkpointed policy come from here (e.g. to
+    restore only its parameters)."""
     path = path or (None if preset else model.path)
+    overrides = model_overrides(model, teacher)
     if path:
-        return ModelConfig.from_hf_folder(path, **model.runtime_fields())
+        return ModelConfig.from_hf_folder(path, **overrides)
     vocab = preset_vocab(tokenizer.vocab_size)
-    return get_preset(preset or model.preset, vocab_size=vocab, **model.runtime_fields())
+    return get_preset(preset or model.preset, vocab_size=vocab, **overrides)
 
 
 def preset_vocab(tokenizer_vocab: int) -> int:

@@ -81,7 +81,7 @@ def train(config, workdir: str) -> dict[str, Any]:
             len(data.heldout),
             len(data.sft),
         )
-        validate_run(settings, workdir, mesh, tokenizer, data, encoder.render)
+        validate_run(settings, workdir, mesh, tokenizer, data, encoder)
         model = (
             None if settings.stage == "sft" else _load_policy(settings, workdir, tokenizer, mesh)
         )

@@ -38,13 +38,57 @@ def model_config(
 
 
 def policy_config(settings: Settings) -> ModelConfig:
-    """The policy's `ModelConfig` with the run's runtime fields (see `model_config`)."""
+    """The policy's `ModelConfig` with the run's runtime fields and context extension (see
+    `model_config`)."""
     return model_config(
         settings.model.path,
         settings.model.preset,
-        settings.model.runtime_fields(),
+        settings.model.runtime_fields() | settings.model.context_fields(),
         _vocab(settings),
     )
+
+
+def model_origin(model, path: str | None) -> str:
+    """Where a policy's positions come from, for messages: the context extension, the
+    config.json of `path` (a folder that is here), or the preset standing in for it."""
+    if model.max_position_embeddings:
+        return "config.model.max_position_embeddings"
+    if path and os.path.isfile(os.path.join(path, "config.json")):
+        return os.path.join(path, "config.json")
+    return f"preset {model.preset!r}"
+
+
+def check_context(
+    settings: Settings, model_config: ModelConfig, train_prompt: int, eval_prompt: int, where: str
+) -> None:
+    """Refuses sequences longer than the policy's positions: the padded prompt length of
+    the training prompts (their largest bucket) + `rollout.max_new_tokens`, and of the
+    held-out prompts + the eval length cap, must fit `max_position_embeddings` (`where`
+    names the model's origin). A longer context is an explicit choice of the user
+    (`model.max_position_embeddings`, usually with `model.rope_theta`).
+
+    Raises:
+      ValueError: naming the length fields, the sum and the model's limit.
+    """
+    limit = model_config.max_position_embeddings
+    asked = (
+        ("rollout.max_new_tokens", settings.rollout.max_new_tokens, train_prompt, "training"),
+        (
+            "eval.max_new_tokens" if settings.eval.max_new_tokens else "rollout.max_new_tokens",
+            settings.eval_max_new_tokens,
+            eval_prompt,
+            "held-out",
+        ),
+    )
+    for field, new, prompt, split in asked:
+        if prompt and prompt + new > limit:
+            raise ValueError(
+                f"config.{field}={new} after the {prompt}-token prompt bucket of the {split} "
+                f"prompts needs {prompt + new} positions, more than the model's "
+                f"max_position_embeddings={limit} ({where}): shorten the responses or "
+                "config.rollout.prompt_buckets, or extend the context explicitly with "
+                "config.model.max_position_embeddings (and config.model.rope_theta)"
+            )
 
 
 def teacher_config(settings: Settings, policy: ModelConfig) -> ModelConfig | None:

@@ -93,7 +93,12 @@ def load_teacher(
             )
         check_same_tokenizer(tokenizer, teacher_settings.path, probes)
         teacher = policy_model(
-            settings.model, tokenizer, seed=settings.seed, path=teacher_settings.path, mesh=mesh
+            settings.model,
+            tokenizer,
+            seed=settings.seed,
+            path=teacher_settings.path,
+            mesh=mesh,
+            teacher=True,
         )
     else:
         teacher = policy_model(
@@ -102,6 +107,7 @@ def load_teacher(
             seed=teacher_settings.seed,
             mesh=mesh,
             preset=teacher_settings.preset,
+            teacher=True,
         )
     if teacher.config.vocab_size < student.config.vocab_size:
         raise ValueError(
@@ -135,5 +141,7 @@ def build_teacher(ctx: RunContext) -> None:
             settings.sft, steps=teacher.sft_steps, stop_acc=teacher.sft_stop_acc
         )
         build = ctx.replace(settings=settings.replace(sft=sft))
-        model = policy_model(settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh)
+        model = policy_model(
+            settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh, teacher=True
+        )
         sft_warm_start(build, model, teacher.path, "teacher_logs")

@@ -1,6 +1,7 @@
 """Every check that can refuse a training run, in one pass before its first byte is
 written (`validate_run`): the workdir's layout, its checkpoints (configuration and data),
-the devices the settings split work over, and the teacher's files. Settings are checked
+the devices the settings split work over, the policy's context (prompt + response
+positions) and the teacher's files. Settings are checked
 when resolved (`config.resolve_settings`); data, tokenizer and model files when read.
 
 The order of a run's start (`run.job.train`): settings -> the workdir path -> mesh ->
@@ -22,8 +23,9 @@ from da3po_jax.data import MathProblem, PromptIterator
 from da3po_jax.models.tokenizer import Tokenizer
 from da3po_jax.parallel.mesh import batch_size_divisor
 from da3po_jax.rollout import PromptEncoder
-from da3po_jax.run.inputs import Datasets
+from da3po_jax.run.inputs import Datasets, policy_config
 from da3po_jax.run.loop import check_same_data
+from da3po_jax.run.model_shapes import check_context, model_origin
 from da3po_jax.run.teacher import check_same_tokenizer
 from da3po_jax.runtime.checkpoint import Checkpointer, check_compatible, check_directory
 from da3po_jax.runtime.metrics_file import read_metrics
@@ -79,7 +81,12 @@ def usable_prompts(data: Datasets, encoder: PromptEncoder) -> Datasets:
 
 
 def validate_run(
-    settings: Settings, workdir: str, mesh: Mesh, tokenizer: Tokenizer, data: Datasets, render
+    settings: Settings,
+    workdir: str,
+    mesh: Mesh,
+    tokenizer: Tokenizer,
+    data: Datasets,
+    encoder: PromptEncoder,
 ) -> None:
     """Refuses a run that cannot go on, naming the problem; writes nothing.
 
@@ -88,7 +95,24 @@ def validate_run(
     """
     check_workdir(settings, workdir, data)
     check_devices(settings, mesh)
-    check_teacher(settings, tokenizer, [render(p) for p in data.train[:2]])
+    check_policy_context(settings, tokenizer, data, encoder)
+    check_teacher(settings, tokenizer, [encoder.render(p) for p in data.train[:2]])
+
+
+def check_policy_context(
+    settings: Settings, tokenizer: Tokenizer, data: Datasets, encoder: PromptEncoder
+) -> None:
+    """The bucket of the longest training (held-out) prompt + the response (eval) cap fit
+    the policy's `max_position_embeddings` (`model_shapes.check_context`); the policy's
+    architecture is read from its config.json (or preset), before any weight."""
+    if settings.stage == "sft":
+        return
+    path = settings.model.init_checkpoint or settings.model.path or None
+    model_config = policy_config(settings.model, tokenizer, path)
+    where = model_origin(settings.model, path)
+    train = encoder.bucket(data.train) if data.train else 0
+    heldout = encoder.bucket(data.heldout) if data.heldout else 0
+    check_context(settings, model_config, train, heldout, where)
 
 
 def check_workdir(settings: Settings, workdir: str, data: Datasets | None = None) -> None:

@@ -43,11 +43,14 @@ class SamplingParams:
       temperature: divides the logits; 0 means greedy (argmax).
       top_k: keep the k largest logits; 0 (or >= vocab) keeps all.
       top_p: keep the nucleus of this mass; 1.0 keeps all.
+      policy_temperature: T' of the policy softmax(logits / T') whose log-prob `Draw.logp`
+        records (the policy the trainer trains, `loss.train_temperature`).
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    policy_temperature: float = 1.0
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -56,6 +59,8 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = off)")
+        if not self.policy_temperature > 0:
+            raise ValueError(f"policy_temperature={self.policy_temperature} must be > 0")
 
     @property
     def greedy(self) -> bool:
@@ -69,8 +74,13 @@ class SamplingParams:
         return self.top_p < 1.0
 
     def is_policy(self, vocab: int) -> bool:
-        """Whether the sampling distribution is the temperature-1 policy itself."""
-        return self.temperature == 1.0 and not self.uses_top_k(vocab) and not self.uses_top_p
+        """Whether the sampling distribution is the recorded policy itself (same
+        temperature, no truncation)."""
+        return (
+            self.temperature == self.policy_temperature
+            and not self.uses_top_k(vocab)
+            and not self.uses_top_p
+        )
 
 
 @struct.dataclass
@@ -79,7 +89,8 @@ class Draw:
 
     Attributes:
       token: [R] int32.
-      logp: [R] float32, log-prob of `token` under the temperature-1 policy softmax(x).
+      logp: [R] float32, log-prob of `token` under the policy softmax(x / T'),
+        T' = `SamplingParams.policy_temperature` (1 unless the trainer tempers its policy).
       sample_logp: [R] float32, log-prob under the sampling distribution mu (0 for greedy,
         which is deterministic).
     """
@@ -264,9 +275,11 @@ def draw(key: jax.Array, x: jax.Array, params: SamplingParams) -> Draw:
       params: the sampling distribution.
     """
     rows, vocab = x.shape
+    tp = params.policy_temperature
+    xp = x if tp == 1.0 else x / tp  # the recorded policy's logits
     if params.greedy:
         token = argmax(x)
-        policy_lse = logsumexp(x)
+        policy_lse = logsumexp(xp)
         sample_logp = jnp.zeros((rows,), jnp.float32)
     else:
         thr = truncation_threshold(x, params)
@@ -277,6 +290,6 @@ def draw(key: jax.Array, x: jax.Array, params: SamplingParams) -> Draw:
         token, sample_lse = inverse_cdf(z, u)
         z_tok = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0]
         sample_logp = z_tok - sample_lse
-        policy_lse = sample_lse if params.is_policy(vocab) else logsumexp(x)
-    x_tok = jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]
+        policy_lse = sample_lse if params.is_policy(vocab) else logsumexp(xp)
+    x_tok = jnp.take_along_axis(xp, token[:, None], axis=-1)[:, 0]
     return Draw(token=token, logp=x_tok - policy_lse, sample_logp=sample_logp)

@@ -22,11 +22,14 @@ same function runs with the batch sharded over a mesh's data axes and the weight
 out by the sharding rules; `new_cache` places the cache like the prompts.
 
 Which log-prob the trainer uses as logp_old: `SampleOutput.logp`, the log-prob under the
-policy at temperature 1 with no truncation. The training forward computes log pi_theta at
-temperature 1, and the PPO ratio pi_theta / pi_old must compare the same distribution on
-both sides; at temperature 1 without top-k/top-p, `logp == sample_logp` and rollouts are
-exactly on-policy. With temperature != 1 or top-k/top-p the tokens come from the
-behaviour distribution mu (`sample_logp`) instead of pi_old, so the update is off-policy
+trained policy softmax(logits / T') with no truncation, T' = `GenerateConfig.
+policy_temperature` (`loss.train_temperature` resolved: by default the sampling
+temperature, as verl and TRL; 1 = the untempered policy). The training forward computes
+log pi_theta at the same T', and the PPO ratio pi_theta / pi_old must compare the same
+distribution on both sides; when the sampling temperature is T' and there is no
+top-k/top-p, `logp == sample_logp` and rollouts are exactly on-policy. Otherwise (top-k,
+top-p, or T' = 1 with a sampling temperature != 1) the tokens come from the behaviour
+distribution mu (`sample_logp`) instead of pi_old, so the update is off-policy
 by the ratio pi_old / mu. The update corrects for it with truncated importance sampling,
 weights min(exp(logp - sample_logp), `rollout.tis_cap`) (`rl/loss.py: tis_weights`);
 tokens outside mu's support never appear at all, so nothing corrects for those.
@@ -68,6 +71,8 @@ class GenerateConfig:
       temperature: 0 = greedy.
       top_k: 0 = off.
       top_p: 1.0 = off.
+      policy_temperature: the temperature of the trained policy whose log-probs `logp`
+        records (`loss.train_temperature` resolved; 1 for generation that trains nothing).
       stop_ids: token ids that end a response (the stop token is part of the response).
       pad_id: written after a response ends.
       gather_weights: under a mesh, the call reads its own copy of the weights, gathered
@@ -80,6 +85,7 @@ class GenerateConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    policy_temperature: float = 1.0
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
     gather_weights: bool = True
@@ -91,11 +97,11 @@ class GenerateConfig:
                 "must be >= 1"
             )
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
-        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates them
+        _ = self.sampling  # validates them
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.policy_temperature)
 
     def replace(self, **kwargs: Any) -> GenerateConfig:
         return dataclasses.replace(self, **kwargs)
@@ -107,7 +113,7 @@ class SampleOutput:
 
     Attributes:
       tokens: [P, G, N] int32 response tokens; pad_id after the response ends.
-      logp: [P, G, N] float32 log pi(token) under the policy at temperature 1 (the
+      logp: [P, G, N] float32 log pi(token) under the policy at `policy_temperature` (the
         trainer's logp_old, see the module docstring); 0 where `mask` is False.
       sample_logp: [P, G, N] float32 log mu(token) under the sampling distribution used
         (temperature, top-k, top-p); 0 for greedy and where `mask` is False.

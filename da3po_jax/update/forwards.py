@@ -24,14 +24,17 @@ from da3po_jax.update.packing import (
 from da3po_jax.update.rows import ResponseRows
 
 
-def response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, response_mask):
-    """Teacher-forced log-probs and entropies of responses [R, Tn] given their prompts."""
+def response_logprobs(
+    graphdef, params, prompt_tokens, prompt_mask, tokens, response_mask, temperature=1.0
+):
+    """Teacher-forced log-probs and entropies of responses [R, Tn] given their prompts,
+    under the policy softmax(logits / temperature)."""
     model = nnx.merge(graphdef, params)
     tp = prompt_tokens.shape[1]
     full = jnp.concatenate([prompt_tokens, tokens], axis=1)
     attn = jnp.concatenate([prompt_mask, response_mask], axis=1)
     targets = jnp.concatenate([full[:, 1:], jnp.zeros_like(full[:, :1])], axis=1)
-    logp, ent = model.token_logprobs(full, positions_from_mask(attn), attn, targets)
+    logp, ent = model.token_logprobs(full, positions_from_mask(attn), attn, targets, temperature)
     tn = tokens.shape[1]
     return logp[:, tp - 1 : tp - 1 + tn], ent[:, tp - 1 : tp - 1 + tn]
 
@@ -42,7 +45,13 @@ def num_slots(rows: ResponseRows, mini_batch_rows: int, pack: PackConfig) -> int
 
 
 def packed_logprobs(
-    graphdef, params, rows: ResponseRows, mini_batch_rows: int, pack: PackConfig, sharding
+    graphdef,
+    params,
+    rows: ResponseRows,
+    mini_batch_rows: int,
+    pack: PackConfig,
+    sharding,
+    temperature: float = 1.0,
 ) -> jax.Array:
     """`response_logprobs(...)[0]` of every response row [R, Tn], computed on the packed
     micro-batches of each mini-batch (unused slots skipped; rows not packed get 0)."""
@@ -55,7 +64,7 @@ def packed_logprobs(
     def per_minibatch(_, mb: ResponseRows):
         empty = jnp.zeros((mini_batch_rows, tn), jnp.float32)
         fwd = lambda m: packed_response_logprobs(  # noqa: E731
-            graphdef, params, mb, m, pack, sharding
+            graphdef, params, mb, m, pack, sharding, temperature
         )[0]
         step = when_used(fwd, mb.plan.micro, empty)
 
@@ -67,12 +76,14 @@ def packed_logprobs(
     return jax.lax.scan(per_minibatch, None, mbs)[1].reshape(r, tn)
 
 
-def frozen_logprobs(graphdef, params, rows: ResponseRows, pack_args) -> jax.Array:
-    """Log-probs [R, Tn] of the rows' responses under `params` with no gradient, on the
-    update's layout: padded (`pack_args` None) or packed (`(mini_batch_rows, pack,
-    sharding)`)."""
+def frozen_logprobs(
+    graphdef, params, rows: ResponseRows, pack_args, temperature: float = 1.0
+) -> jax.Array:
+    """Log-probs [R, Tn] of the rows' responses under `params` at `temperature` with no
+    gradient, on the update's layout: padded (`pack_args` None) or packed
+    (`(mini_batch_rows, pack, sharding)`)."""
     if pack_args is None:
-        logp = response_logprobs(graphdef, params, *rows.inputs())[0]
+        logp = response_logprobs(graphdef, params, *rows.inputs(), temperature)[0]
     else:
-        logp = packed_logprobs(graphdef, params, rows, *pack_args)
+        logp = packed_logprobs(graphdef, params, rows, *pack_args, temperature)
     return jax.lax.stop_gradient(logp)

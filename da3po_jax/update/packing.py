@@ -211,6 +211,7 @@ def packed_response_logprobs(
     m: jax.Array,
     config: PackConfig,
     sharding: Any = None,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs and entropies [R, Tn] of the responses packed in micro-batch
     slot `m` (0 on the rows packed elsewhere), as `response_logprobs` gives them unpacked.
@@ -218,6 +219,7 @@ def packed_response_logprobs(
     Args:
       rows: the mini-batch's `update.rows.ResponseRows` (its inputs and `plan`).
       sharding: where the packed [rows, length] arrays live (batch axes), or None.
+      temperature: of the policy softmax(logits / temperature).
     """
     packed = pack_micro(
         rows.prompt_tokens, rows.prompt_mask, rows.tokens, rows.response_mask, rows.plan, m, config
@@ -227,7 +229,7 @@ def packed_response_logprobs(
     model = nnx.merge(graphdef, params)
     seg = packed.segment_ids
     logp, ent = model.token_logprobs(
-        packed.tokens, packed.positions, seg > 0, packed.targets, segment_ids=seg
+        packed.tokens, packed.positions, seg > 0, packed.targets, temperature, segment_ids=seg
     )
     tp, tn = rows.prompt_tokens.shape[1], rows.tokens.shape[1]
     cut = lambda x: unpack(x, packed.dest)[:, tp - 1 : tp - 1 + tn]  # noqa: E731

@@ -169,18 +169,20 @@ def _loss(logp, ent, rows: ResponseRows, loss_mask, config: UpdateConfig, normal
 def _minibatch_grads(graphdef, params, mb: ResponseRows, config: UpdateConfig, norm, sharding):
     """The gradient of one mini-batch, accumulated over its micro-batches: padded slices
     of `micro_batch_prompts` groups, or the packed slots of the mini-batch's plan (slot m
-    trains on the responses the plan put in it, the others masked out of its loss)."""
+    trains on the responses the plan put in it, the others masked out of its loss). The
+    policy is softmax(logits / `loss.temperature`), the trained policy's temperature."""
+    temperature = config.loss.temperature
     if config.pack is None:
         micro_rows = (config.micro_batch_prompts or config.mini_batch_prompts) * config.group_size
 
         def loss_fn(p, m: ResponseRows):
-            logp, ent = response_logprobs(graphdef, p, *m.inputs())
+            logp, ent = response_logprobs(graphdef, p, *m.inputs(), temperature)
             return _loss(logp, ent, m, m.loss_mask, config, norm)
 
         return accumulate_grads(loss_fn, params, mb.split(mb.num_rows // micro_rows))
 
     def packed_loss_fn(p, m):
-        logp, ent = packed_response_logprobs(graphdef, p, mb, m, config.pack, sharding)
+        logp, ent = packed_response_logprobs(graphdef, p, mb, m, config.pack, sharding, temperature)
         here = (mb.plan.micro == m)[:, None]
         return _loss(logp, ent, mb, jnp.where(here, mb.loss_mask, 0), config, norm)
 
@@ -246,18 +248,20 @@ def rl_update(
 def _frozen_forwards(graphdef, params, rows, batch, config: UpdateConfig, ref_params, teacher, sh):
     """The forwards that take no gradient, written into `rows`: recomputed old log-probs,
     the reference's log-probs (KL term) and, for OPD, the teacher's, which replace the
-    advantages and the loss mask. Returns (rows, the OPD metrics ({} without a teacher))."""
+    advantages and the loss mask; all at the trained policy's temperature. Returns (rows,
+    the OPD metrics ({} without a teacher))."""
     pack_args = None if config.pack is None else (config.mini_batch_rows, config.pack, sh)
+    t = config.loss.temperature
     if config.recompute_logp_old:
-        rows = rows.replace(logp_old=frozen_logprobs(graphdef, params, rows, pack_args))
+        rows = rows.replace(logp_old=frozen_logprobs(graphdef, params, rows, pack_args, t))
     if ref_params is not None:
-        rows = rows.replace(logp_ref=frozen_logprobs(graphdef, ref_params, rows, pack_args))
+        rows = rows.replace(logp_ref=frozen_logprobs(graphdef, ref_params, rows, pack_args, t))
     if config.opd is None:
         return rows, {}
     teacher_graphdef, teacher_params = teacher
     if teacher_params is None or teacher_graphdef is None:
         raise ValueError("UpdateConfig.opd is set: rl_update needs the teacher")
-    logp_teacher = frozen_logprobs(teacher_graphdef, teacher_params, rows, pack_args)
+    logp_teacher = frozen_logprobs(teacher_graphdef, teacher_params, rows, pack_args, t)
     adv, loss_mask, metrics = distillation_advantages(
         rows, logp_teacher, batch.correct.reshape(-1), config.opd, config.ra_opd, config.group_size
     )

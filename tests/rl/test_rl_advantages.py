@@ -103,6 +103,9 @@ def test_group_stats_and_accuracy():
     np.testing.assert_array_equal(n, [3, 2])
 
 
+POWER = DAAConfig(estimator="power")
+
+
 def test_compute_advantages_config_metrics_and_daa():
     r = jnp.array([1.0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0])
     adv, met = compute_advantages(r, r, 4, config=AdvantageConfig(norm="none"))
@@ -112,7 +115,7 @@ def test_compute_advantages_config_metrics_and_daa():
     np.testing.assert_allclose(met["adv/zero_var_frac"], 1 / 3, rtol=1e-6)
     np.testing.assert_allclose(met["adv/abs_mean"], 3.0 / 12, rtol=1e-6)
     # with DAA (power, beta 0.5, tau 0.5): group 0 (mu = 0.25) correct x sqrt(odds(.5)/odds(.25))
-    adv2, met2 = compute_advantages(r, r, 4, config=AdvantageConfig(norm="none"), daa=DAAConfig())
+    adv2, met2 = compute_advantages(r, r, 4, config=AdvantageConfig(norm="none"), daa=POWER)
     np.testing.assert_allclose(adv2[0], 0.75 * np.sqrt(3.0), rtol=1e-6)
     np.testing.assert_allclose(adv2[1:], adv[1:], atol=0)
     np.testing.assert_allclose(met2["daa/frac_hard"], 1 / 2, rtol=1e-6)  # 1 of 2 kept groups
@@ -121,7 +124,7 @@ def test_compute_advantages_config_metrics_and_daa():
 def test_compute_advantages_jits_with_static_config():
     f = jax.jit(compute_advantages, static_argnames=("group_size", "config", "daa"))
     r = jnp.array([1.0, 0, 0, 0])
-    adv, _ = f(r, r, group_size=4, config=AdvantageConfig(std_ddof=0), daa=DAAConfig())
+    adv, _ = f(r, r, group_size=4, config=AdvantageConfig(std_ddof=0), daa=POWER)
     np.testing.assert_allclose(
         adv, [1.7320508 * np.sqrt(3.0), -0.5773503, -0.5773503, -0.5773503], rtol=1e-5
     )

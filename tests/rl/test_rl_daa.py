@@ -25,6 +25,8 @@ from da3po_jax.rl import (
     update_prior_state,
 )
 
+POWER = DAAConfig(estimator="power")  # the default rule before the paper's constant one
+
 
 def _odds(x):
     return x / (1 - x)
@@ -59,6 +61,51 @@ def test_worked_example_g8_p001_k1():
     np.testing.assert_allclose(new[0], 4 * 0.875, rtol=1e-6)
 
 
+def test_constant_rule_is_the_default_with_factor_2():
+    """The DA3PO paper's rule: lambda = 2 on every hard group, whatever its accuracy."""
+    cfg = DAAConfig()
+    assert (cfg.estimator, cfg.factor, cfg.tau) == ("constant", 2.0, 0.5)
+    mu = jnp.array([1 / 16, 3 / 16, 7 / 16, 0.5, 0.75])
+    lam = daa_lambda(mu, mu * 16, jnp.full(5, 16.0), cfg)
+    np.testing.assert_array_equal(lam, [2.0] * 5)  # gating on hardness is apply_daa's
+    # the cap of the other rules does not bind it
+    lam = daa_lambda(mu, mu * 16, jnp.full(5, 16.0), DAAConfig(factor=3.0, lambda_max=1.0))
+    np.testing.assert_array_equal(lam, [3.0] * 5)
+
+
+def test_constant_rule_hand_values_g4():
+    # G = 4, Dr.GRPO advantages R - mean: group 0 mu = 1/4 (hard), group 1 mu = 3/4 (easy),
+    # group 2 mu = 0 (nothing to amplify), group 3 mu = 1/2 (= tau: not hard)
+    c = jnp.array([1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0])
+    adv = grpo_advantages(c, 4, norm="none")
+    new, met = apply_daa(adv, c, 4, config=DAAConfig())
+    want = np.array(
+        [1.5, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75, 0, 0, 0, 0, 0.5, 0.5, -0.5, -0.5]
+    )
+    np.testing.assert_allclose(new, want, rtol=1e-6)
+    np.testing.assert_allclose(met["daa/frac_hard"], 1 / 3, rtol=1e-6)  # 3 kept groups
+    np.testing.assert_allclose(met["daa/lambda_mean"], 2.0)
+    np.testing.assert_allclose(met["daa/lambda_max"], 2.0)
+    # positive share: before (0.75 + 0.75 + 1) / (1.5 + 1.5 + 2); after, group 0's
+    # positive 0.75 -> 1.5 and its |A| 1.5 -> 2.25
+    np.testing.assert_allclose(met["daa/pos_share_before"], 2.5 / 5.0, rtol=1e-6)
+    np.testing.assert_allclose(met["daa/pos_share_after"], 3.25 / 5.75, rtol=1e-6)
+    # factor 1 leaves everything as it was; tau 0.8 makes group 1 (mu 3/4) hard too
+    same, _ = apply_daa(adv, c, 4, config=DAAConfig(factor=1.0))
+    np.testing.assert_array_equal(same, adv)
+    wider, _ = apply_daa(adv, c, 4, config=DAAConfig(tau=0.8))
+    np.testing.assert_allclose(wider[4:7], [0.5, 0.5, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(wider[7], -0.75, rtol=1e-6)
+    # the control amplifies both signs of the hard group by the same 2
+    both, _ = apply_daa(adv, c, 4, config=DAAConfig(apply_to="both"))
+    np.testing.assert_allclose(both[:4], [1.5, -0.5, -0.5, -0.5], rtol=1e-6)
+
+
+def test_constant_factor_below_one_is_refused():
+    with pytest.raises(ValueError, match="factor"):
+        DAAConfig(factor=0.5)
+
+
 def test_power_hand_values():
     cfg = DAAConfig(estimator="power", tau=0.5, beta=0.5, lambda_max=4.0)
     n = jnp.full(5, 8.0)
@@ -68,7 +115,7 @@ def test_power_hand_values():
     np.testing.assert_allclose(
         lam, [np.sqrt(7), np.sqrt(3), np.sqrt(5 / 3), np.sqrt(51 / 49), 1.0], rtol=1e-5
     )
-    lam = daa_lambda(mu, mu * 8, n, DAAConfig(beta=1.0, lambda_max=4.0))
+    lam = daa_lambda(mu, mu * 8, n, DAAConfig(estimator="power", beta=1.0, lambda_max=4.0))
     np.testing.assert_allclose(lam, [4.0, 3.0, 5 / 3, 51 / 49, 1.0], rtol=1e-5)
 
 
@@ -76,20 +123,26 @@ def test_power_is_identity_at_tau_and_for_easy_groups():
     # G = 4: groups with mu = 0.5 (= tau), 0.75, 1.0, 0.25
     c = jnp.array([1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0])
     adv = grpo_advantages(c, 4)
-    new, met = apply_daa(adv, c, 4, config=DAAConfig())
+    new, met = apply_daa(adv, c, 4, config=POWER)
     np.testing.assert_array_equal(new[:12], adv[:12])
     np.testing.assert_allclose(new[12], adv[12] * np.sqrt(3), rtol=1e-6)
     np.testing.assert_array_equal(new[13:], adv[13:])
     np.testing.assert_allclose(met["daa/frac_hard"], 1 / 3, rtol=1e-6)  # 3 kept groups
     np.testing.assert_allclose(
-        daa_lambda(jnp.array([0.5]), jnp.array([2.0]), jnp.array([4.0]), DAAConfig(beta=3.0)), [1.0]
+        daa_lambda(
+            jnp.array([0.5]),
+            jnp.array([2.0]),
+            jnp.array([4.0]),
+            DAAConfig(estimator="power", beta=3.0),
+        ),
+        [1.0],
     )
 
 
 def test_metrics_hand_values():
     c = jnp.array([1, 0, 0, 0, 1, 1, 1, 0])
     adv = grpo_advantages(c, 4, norm="none")  # [.75, -.25 x3], [.25 x3, -.75]
-    new, met = apply_daa(adv, c, 4, config=DAAConfig())
+    new, met = apply_daa(adv, c, 4, config=POWER)
     s3 = np.sqrt(3)
     np.testing.assert_allclose(met["daa/frac_hard"], 0.5)
     np.testing.assert_allclose(met["daa/lambda_mean"], s3, rtol=1e-6)
@@ -103,7 +156,7 @@ def test_metrics_hand_values():
 def test_control_apply_to_both():
     c = jnp.array([1, 0, 0, 0, 1, 1, 1, 0])
     adv = grpo_advantages(c, 4, norm="none")
-    new, _ = apply_daa(adv, c, 4, config=DAAConfig(apply_to="both"))
+    new, _ = apply_daa(adv, c, 4, config=DAAConfig(estimator="power", apply_to="both"))
     np.testing.assert_allclose(
         new[:4], np.sqrt(3) * np.array([0.75, -0.25, -0.25, -0.25]), rtol=1e-6
     )
@@ -113,13 +166,14 @@ def test_control_apply_to_both():
 def test_group_valid_and_response_mask():
     c = jnp.array([1, 0, 0, 0, 1, 0, 0, 0])
     adv = grpo_advantages(c, 4)
-    new, met = apply_daa(adv, c, 4, group_valid=jnp.array([True, False]))
+    kept = jnp.array([True, False])
+    new, met = apply_daa(adv, c, 4, config=POWER, group_valid=kept)
     np.testing.assert_allclose(new[0], adv[0] * np.sqrt(3), rtol=1e-6)
     np.testing.assert_array_equal(new[4:], adv[4:])  # group not kept: unchanged
     np.testing.assert_allclose(met["daa/frac_hard"], 1.0)
     # masked-out responses: group 0 has valid [1, 0, 0] (mu = 1/3) -> sqrt(odds(.5)/odds(1/3))
     v = jnp.array([1, 1, 1, 0, 1, 1, 1, 1], bool)
-    new, _ = apply_daa(adv, c, 4, valid=v)
+    new, _ = apply_daa(adv, c, 4, config=POWER, valid=v)
     np.testing.assert_allclose(new[0], adv[0] * np.sqrt(2), rtol=1e-6)
 
 

@@ -92,7 +92,7 @@ def test_registry_check_and_unregister():
 
 def test_builtin_names():
     assert ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo")
-    assert DAA_RULES.names() == ("none", "power", "bayes", "history")
+    assert DAA_RULES.names() == ("none", "constant", "power", "bayes", "history")
 
 
 # --- RLOO -------------------------------------------------------------------------------
@@ -231,7 +231,8 @@ def test_daa_rule_flags(name, uses_prior, uses_history):
 def test_unknown_daa_estimator_is_refused():
     with pytest.raises(ValueError) as e:
         DAAConfig(estimator="magic")
-    msg = "DAAConfig.estimator='magic' must be one of ['none', 'power', 'bayes', 'history']"
+    names = "['none', 'constant', 'power', 'bayes', 'history']"
+    msg = f"DAAConfig.estimator='magic' must be one of {names}"
     assert msg in str(e.value)
 
 

@@ -51,6 +51,37 @@ def test_draw_returns_policy_and_sampling_log_probs(params):
     np.testing.assert_allclose(np.asarray(d.sample_logp), want_sample[rows, tok], atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.6, policy_temperature=0.6),
+        SamplingParams(temperature=1.3, top_k=7, policy_temperature=1.3),
+        SamplingParams(temperature=0.7, policy_temperature=1.0),
+        SamplingParams(temperature=0.0, policy_temperature=0.8),
+    ],
+    ids=str,
+)
+def test_draw_records_the_log_prob_of_the_trained_policy_temperature(params):
+    """`Draw.logp` is log softmax(x / T')[token] with T' = policy_temperature (the policy the
+    trainer trains); when T' is the sampling temperature and nothing truncates, it is the
+    sampling log-prob itself (on-policy: no importance correction)."""
+    x = _logits(64, 300, seed=2)
+    d = jax.jit(draw, static_argnums=2)(jax.random.key(5), x, params)
+    tok = np.asarray(d.token)
+    rows = np.arange(len(tok))
+    want = log_softmax(np.asarray(x, np.float64) / params.policy_temperature)[rows, tok]
+    np.testing.assert_allclose(np.asarray(d.logp), want, atol=1e-5)
+    if params.is_policy(300):
+        np.testing.assert_array_equal(np.asarray(d.logp), np.asarray(d.sample_logp))
+    elif not params.greedy:
+        assert np.abs(np.asarray(d.logp) - np.asarray(d.sample_logp)).max() > 1e-2
+
+
+def test_policy_temperature_must_be_positive():
+    with pytest.raises(ValueError, match="policy_temperature=0"):
+        SamplingParams(policy_temperature=0.0)
+
+
 def test_draw_on_a_vocabulary_without_small_divisors():
     """1031 is prime: the blocked sampler pads to whole blocks, never drawing padding."""
     x = _logits(512, 1031, seed=8, scale=0.3)

@@ -76,7 +76,8 @@ BAD = [
         "config.teacher.preset='tiny-gpt' must be one of",
     ),
     ({"model.preset": "tiny-gpt"}, "config.model.preset='tiny-gpt' must be one of"),
-    ({"reward.correct": 0.0}, "config.reward.correct=0.0 must be > config.reward.incorrect=0.0"),
+    # da3po: incorrect = -1 (DAPO's reward)
+    ({"reward.correct": -1.0}, "config.reward.correct=-1.0 must be > config.reward.incorrect=-1.0"),
     ({"optim.weight_decay": -0.1}, "config.optim.weight_decay=-0.1 must be >= 0"),
     ({"optim.b1": 1.0}, "config.optim.b1=1.0 must be in [0, 1)"),
     ({"optim.b2": 1.0}, "config.optim.b2=1.0 must be in [0, 1)"),
@@ -114,7 +115,7 @@ BAD = [
     ({"adv.estimator": "ppo"}, "config.adv.estimator='ppo' must be one of ['grpo', 'rloo']"),
     (
         {"daa.estimator": "none"},
-        "config.daa.estimator='none' must be one of ['power', 'bayes', 'history']",
+        "config.daa.estimator='none' must be one of ['constant', 'power', 'bayes', 'history']",
     ),
     ({"rollout.top_p": 0.0}, "config.rollout.top_p=0.0 must be in (0, 1]"),
     ({"eval.num_samples": 0}, "config.eval.num_samples=0 must be > 0"),

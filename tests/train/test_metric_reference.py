@@ -71,7 +71,9 @@ CASES = {
         algo="da3po",
         overrides={
             "daa.estimator": "history",
+            "reward.incorrect": 0.0,  # the reward when it was recorded (now dapo's -1)
             "rollout.temperature": 0.8,
+            "loss.train_temperature": 1.0,  # the trained policy when it was recorded
             "loss.kl_coef": 0.01,
             "train.steps": 3,
             "train.eval_every": 3,
@@ -96,6 +98,8 @@ CASES = {
         algo="da3po",
         overrides={
             "rollout.engine": "continuous",
+            "daa.estimator": "power",  # the default DAA rule when it was recorded
+            "reward.incorrect": 0.0,  # the reward when it was recorded (now dapo's -1)
             "model.decode_attention": "blockwise",  # the decode attention it was recorded with
             "rollout.slots": 8,
             "rollout.steps_per_call": 4,

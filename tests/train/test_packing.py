@@ -260,3 +260,56 @@ def test_unused_micro_batch_slots_are_skipped():
     assert micro_slots(N * G, TP + TN, cfg.pack) == 4
     assert int(np.asarray(plan.micro).max()) < 4
     _assert_same_update(cfg, _batch(4))
+
+
+# --- the trained policy's temperature (loss.temperature) ------------------------------
+
+
+def test_forwards_read_the_policy_at_its_temperature():
+    """`response_logprobs` (padded) and `packed_response_logprobs` at T = 0.6 are
+    log softmax(logits / 0.6)[next token] of a direct forward."""
+    from da3po_jax.models import positions_from_mask
+
+    model = init_model(get_preset("tiny-qwen2", vocab_size=V), seed=0)
+    graphdef, params = nnx.split(model)
+    batch = _batch(3)
+    rows = _response_rows(batch)
+    full = jnp.concatenate([rows.prompt_tokens, rows.tokens], 1)
+    attn = jnp.concatenate([rows.prompt_mask, rows.response_mask], 1)
+    logits = np.asarray(model(full, positions_from_mask(attn), attn)[0], np.float64) / 0.6
+    z = logits - logits.max(-1, keepdims=True)
+    logsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    targets = np.asarray(full)[:, TP:]  # response token t is read at position TP - 1 + t
+    want = np.take_along_axis(logsm[:, TP - 1 : TP - 1 + TN], targets[..., None], -1)[..., 0]
+    mask = np.asarray(rows.response_mask)
+    padded = np.asarray(response_logprobs(graphdef, params, *rows.inputs(), 0.6)[0])
+    np.testing.assert_allclose(padded[mask], want[mask], atol=2e-5)
+    cfg = _cfg(mini_batch_prompts=N)
+    plan, _ = pack_plan(batch, np.ones(N, bool), cfg)
+    rows = rows.replace(plan=plan)
+    packed = sum(
+        np.asarray(
+            packed_response_logprobs(graphdef, params, rows, jnp.int32(m), cfg.pack, None, 0.6)[0]
+        )
+        for m in range(int(np.asarray(plan.micro).max()) + 1)
+    )
+    np.testing.assert_allclose(packed[mask], want[mask], atol=2e-5)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_the_update_trains_the_policy_at_the_loss_temperature(pack):
+    """Old log-probs recorded under the policy at T = 0.6 (as the sampler records them with
+    `loss.train_temperature` = the sampling temperature 0.6): with `loss.temperature` 0.6
+    the first pass's ratio is 1 on every token; the untempered policy (temperature 1)
+    against the same old log-probs is another distribution."""
+    model = init_model(get_preset("tiny-qwen2", vocab_size=V), seed=0)
+    graphdef, params = nnx.split(model)
+    batch = _batch(4)
+    logp_t = response_logprobs(graphdef, params, *_response_rows(batch).inputs(), 0.6)[0]
+    batch = batch.replace(logp_old=logp_t.reshape(N, G, TN))
+    for temperature, on_policy in ((0.6, True), (1.0, False)):
+        cfg = _cfg(mini_batch_prompts=N, loss=LossConfig(temperature=temperature))
+        cfg = cfg if pack else dataclasses.replace(cfg, pack=None)
+        _, metrics = _step(cfg, batch, np.ones(N, bool))
+        assert (abs(metrics["loss/ratio_max"] - 1) < 1e-5) == on_policy, temperature
+        assert (metrics["loss/approx_kl"] < 1e-9) == on_policy, temperature

@@ -50,7 +50,8 @@ PARTIAL = {
 
 def test_partial_rollouts_turn_on_the_decoupled_objective():
     s = settings_from(micro_config("da3po", **PARTIAL))
-    assert s.rollout.exact  # temperature 1: TIS would be off without partial rollouts
+    # temperature 1: TIS would be off without partial rollouts
+    assert s.rollout.samples_policy_at(1.0)
     assert s.loss.tis_cap == 2.0
     assert update_config(s).recompute_logp_old  # the proximal policy: the step's weights
     off = settings_from(micro_config("da3po", **{**PARTIAL, "rollout.max_staleness": 0}))

@@ -73,12 +73,17 @@ def test_a_fields_own_rule_speaks_to_a_run_and_to_a_direct_user():
 
 
 def test_fields_derived_from_the_rollout_follow_it():
-    s = resolve_settings(_tiny(**{"rollout.max_new_tokens": 48, "rollout.temperature": 0.7}))
+    tempered = {"rollout.max_new_tokens": 48, "rollout.temperature": 0.7}
+    s = resolve_settings(_tiny(**tempered, **{"loss.train_temperature": 1.0}))
     assert s.overlong.max_len == 48
-    assert s.loss.tis_cap == 2.0  # sampling is not the temperature-1 policy
+    assert s.loss.tis_cap == 2.0  # sampling is not the trained (untempered) policy
+    assert s.loss.temperature == 1.0
+    s = resolve_settings(_tiny(**tempered))  # the default trains the sampled policy
+    assert (s.loss.tis_cap, s.loss.temperature) == (0.0, 0.7)
     exact = resolve_settings(_tiny(**{"rollout.max_new_tokens": 48}))
     assert exact.loss.tis_cap == 0.0
-    assert "tis_cap" not in exact.to_dict()["loss"]  # derived, not a config field
+    for derived in ("tis_cap", "temperature"):  # derived, not config fields
+        assert derived not in exact.to_dict()["loss"]
     assert "max_len" not in exact.to_dict()["overlong"]
 
 

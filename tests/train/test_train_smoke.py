@@ -60,15 +60,18 @@ class HashScorer:
     """Deterministic stand-in for the verifier: a response is 'correct' when a hash of its
     text says so, so groups of a random policy are mixed and resuming replays exactly."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, correct_reward=1.0, incorrect_reward=0.0, **kwargs):
         self.calls = 0
+        self.rewards = (float(incorrect_reward), float(correct_reward))
 
     def score_batch(self, responses, references):
         self.calls += 1
         results = [
             ScoreResult(bool(zlib.crc32(r.encode()) % 3 == 0), 0.0, r, "ok") for r in responses
         ]
-        results = [ScoreResult(r.correct, float(r.correct), r.extracted, "ok") for r in results]
+        results = [
+            ScoreResult(r.correct, self.rewards[r.correct], r.extracted, "ok") for r in results
+        ]
         return BatchScores(results, {"ok": len(results), "total": len(results)})
 
     def close(self):
@@ -290,8 +293,9 @@ class ScriptedScorer:
 
     script: list[str] = []
 
-    def __init__(self, **kwargs):
+    def __init__(self, correct_reward=1.0, incorrect_reward=0.0, **kwargs):
         self.calls = 0
+        self.rewards = (float(incorrect_reward), float(correct_reward))
 
     def score_batch(self, responses, references):
         pattern = self.script[self.calls]
