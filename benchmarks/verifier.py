@@ -4,8 +4,10 @@ scoring throughput, as JSON.
     python benchmarks/verifier.py                          # this tree: recall, agreement, speed
     python benchmarks/verifier.py --compare /tmp/verifier_head   # before (that tree) vs after
 
-The labelled cases are always this tree's `tests/rewards/recall_cases.py` and
-`tests/rewards/format_cases.py`; `--src` (or each side of `--compare`) only chooses which
+The labelled cases are always this tree's `tests/rewards/recall_cases.py`,
+`tests/rewards/format_cases.py` and `tests/rewards/benchmark_cases.py` (the answer formats of
+the held-out benchmarks; some of its references are tuples of strings, several answers, as
+the scorer takes them); `--src` (or each side of `--compare`) only chooses which
 source tree `da3po_jax` is imported from, so an older checkout (`git worktree add
 /tmp/verifier_head HEAD`) is measured with the same cases and the same script.
 
@@ -43,20 +45,37 @@ def _import(src: str):
     """(RewardScorer, case sets) with `da3po_jax` imported from the tree at `src`."""
     sys.path.insert(0, os.path.abspath(src))
     sys.path.insert(0, CASES_DIR)
+    import benchmark_cases
     import format_cases
     import recall_cases
 
     from da3po_jax.rewards import RewardScorer
 
     assert os.path.abspath(sys.modules["da3po_jax"].__file__).startswith(os.path.abspath(src))
-    REASONS.update(recall_cases.MATH_VERIFY_DISAGREEMENTS)
-    REASONS.update(format_cases.MATH_VERIFY_DISAGREEMENTS)
-    return RewardScorer, {"recall_cases": recall_cases.CASES, "format_cases": format_cases.CASES}
+    modules = {
+        "recall_cases": recall_cases,
+        "format_cases": format_cases,
+        "benchmark_cases": benchmark_cases,
+    }
+    for module in modules.values():
+        REASONS.update(module.MATH_VERIFY_DISAGREEMENTS)
+    return RewardScorer, {name: module.CASES for name, module in modules.items()}
+
+
+def _as_string(reference) -> str:
+    """A reference of several answers (a tuple of strings) as one bare list, `2, -3`."""
+    return reference if isinstance(reference, str) else ", ".join(reference)
 
 
 def _score(scorer_cls, cases, **kwargs) -> list[bool]:
+    """The verdicts on `cases`; a source tree whose scorer takes only string references (an
+    older checkout under `--compare`) gets each tuple reference joined into a bare list."""
+    responses, references = [c[1] for c in cases], [c[2] for c in cases]
     with scorer_cls(num_workers=2, timeout_s=30.0, **kwargs) as scorer:
-        batch = scorer.score_batch([c[1] for c in cases], [c[2] for c in cases])
+        try:
+            batch = scorer.score_batch(responses, references)
+        except TypeError:
+            batch = scorer.score_batch(responses, [_as_string(r) for r in references])
     return batch.correct
 
 
@@ -126,12 +145,14 @@ def agreement_report(scorer_cls, case_sets) -> dict:
 
 def throughput_batch(case_sets, n: int) -> tuple[list[str], list[str]]:
     """`n` responses cycling through the cases, each after 0-15 paragraphs of reasoning."""
-    cases = [c for cs in case_sets.values() for c in cs if len(c[1]) + len(c[2]) < 4_000]
+    cases = [
+        c for cs in case_sets.values() for c in cs if len(c[1]) + len(_as_string(c[2])) < 4_000
+    ]
     responses, references = [], []
     for i in range(n):
         _, response, reference, _ = cases[i % len(cases)]
         responses.append(FILLER * ((i * 7) % 16) + response)
-        references.append(reference)
+        references.append(_as_string(reference))  # the same input for every source tree
     return responses, references
 
 

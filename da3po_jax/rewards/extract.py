@@ -3,9 +3,12 @@
 The answer is looked for in three tiers, and the first tier that finds one decides:
 
 1. explicit markers: the last `Answer: ...` line (DAPO's prompt format; case-insensitive,
-   `**Answer:**` markdown allowed) or the last `\\boxed{...}` / `\\fbox{...}` (the MATH
-   convention, balanced nested braces), whichever appears *last* in the response, since the
-   final statement is the model's final answer;
+   `**Answer:**` and `**Answer**:` markdown allowed), an `Answer` heading without a colon
+   that a math span or a box follows (`Answer \\[ 9 \\]`, `**Answer** $9$`, `### Final
+   Answer` over display math: only markdown and `Final` may precede the word on its line),
+   or the last `\\boxed{...}` / `\\fbox{...}` (the MATH convention, balanced nested
+   braces), whichever appears *last* in the response, since the final statement is the
+   model's final answer;
 2. an `... answer is ...` phrase (`the final answer is $X$. I hope it is correct.`, `the
    answer is \\[ 9 \\]`): the last one in the response;
 3. with `fallback="last_expression"`, the last math expression of a response that has no
@@ -13,11 +16,11 @@ The answer is looked for in three tiers, and the first tier that finds one decid
    number if that comes later (`so Janet has 18 dollars left.`); of an expression `a + b = 7`
    whose right side is a value, that value.
 
-What follows an `Answer:` marker or an `answer is` phrase is a *statement*: a math span right
-after it (`$X$`, `\\[ 9 \\]`, also on the next lines) is the answer; otherwise a box on the line,
-or the line up to the end of its first sentence (`5 apples. I hope...` -> `5 apples`; a
-number followed by at most two words is that number). A leading `The final answer is`
-inside an `Answer:` line is skipped (the Minerva format).
+What follows an `Answer:` marker, an `Answer` heading or an `answer is` phrase is a
+*statement*: a math span right after it (`$X$`, `\\[ 9 \\]`, also on the next lines) is the
+answer; otherwise a box on the line, or the line up to the end of its first sentence (`5
+apples. I hope...` -> `5 apples`; a number followed by at most two words is that number).
+A leading `The final answer is` inside an `Answer:` line is skipped (the Minerva format).
 
 If the last box is malformed (unbalanced braces) it is *not* replaced by an earlier box or a
 later tier: an earlier box may be an answer the model later retracted, so the response has
@@ -27,11 +30,14 @@ References go through `extract_reference`: a reference that is a worked solution
 `Answer:` line, `The answer is ...`, GSM8K's `#### 72`) gives its final answer the same way,
 and a reference wrapped whole in `$...$` (or `\\(...\\)`, `\\[...\\]`) gives its content;
 a bare reference is returned unchanged (never the last-expression fallback: `1, 2, 3` is one
-answer).
+answer). A reference given as a list of strings (OlympiadBench's `final_answer`) is several
+answers: each element's answer, joined with `, ` into one bare list (`["$2$", "$-3$"]` ->
+`2, -3`), which `verify` compares as an unordered set.
 
 Every function here is a single left-to-right scan, a right-to-left `rfind`, or a regex
 without nested quantifiers, so the cost is linear in the response length (a 1 MB adversarial
-response takes milliseconds to a few tenths of a second). With `extract_answer(text,
+response takes milliseconds to a few tenths of a second; whether an `Answer` is a heading is
+read from at most `MAX_HEADING_PREFIX` characters before it). With `extract_answer(text,
 max_chars=...)` (what the scorer uses) the brace scan of a box and the search for the end of
 a math span also stop after `max_chars` characters, and a longer answer is none.
 """
@@ -39,6 +45,7 @@ a math span also stop after `max_chars` characters, and a longer answer is none.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 __all__ = [
     "FALLBACKS",
@@ -55,8 +62,13 @@ __all__ = [
 MAX_BOXES = 32  # a response with more boxes is not read as one answer set
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-# `answer` as a word followed by a colon. No nested quantifiers: linear time.
-_ANSWER_RE = re.compile(r"\banswer[ \t]*:", re.IGNORECASE)
+# `answer` (not inside a word; `__Answer__` is markdown), then markdown, then a colon (an
+# `Answer:` line) or none (a heading, accepted by `_is_marker`). No nested quantifiers.
+_ANSWER_RE = re.compile(r"(?<![A-Za-z0-9])answer[*_ \t]*(:)?", re.IGNORECASE)
+# What may precede a heading `Answer` on its line: markdown and `Final`.
+_HEADING_PREFIX_RE = re.compile(r"[#*_ \t]*(?:final[ \t]+)?", re.IGNORECASE)
+MAX_HEADING_PREFIX = 16
+_STATEMENT_OPENERS = ("$", "\\[", "\\(", "\\boxed", "\\fbox")
 _MARKDOWN_CHARS = "*_ \t"
 _BLANKS_RE = re.compile(r"[ \t]*")
 _BARE_ARGUMENT_RE = re.compile(r"[^ \t\n$]*")
@@ -167,8 +179,11 @@ def extract_boxed(text: str) -> str | None:
     return _box_content(text, found[1])
 
 
-def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    """The last match of a pattern that starts with the word `answer` (any case).
+def _last_match(
+    pattern: re.Pattern[str], text: str, accept: Callable[[str, re.Match[str]], bool] | None = None
+) -> re.Match[str] | None:
+    """The last match of a pattern that starts with the word `answer` (any case) and that
+    `accept` (if given) accepts.
 
     The candidates are found from the end with `rfind` on the lower-cased text (C speed,
     about 25 times faster than a case-insensitive regex scan of the whole text), and each is
@@ -179,19 +194,35 @@ def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     if len(low) != len(text):
         last = None
         for m in pattern.finditer(text):
-            last = m
+            if accept is None or accept(text, m):
+                last = m
         return last
     i = low.rfind("answer")
     while i >= 0:
         m = pattern.match(text, i)
-        if m is not None:
+        if m is not None and (accept is None or accept(text, m)):
             return m
         i = low.rfind("answer", 0, i)
     return None
 
 
+def _is_marker(text: str, m: re.Match[str]) -> bool:
+    """Whether an `answer` match marks the answer: `Answer:` anywhere, or `Answer` without a
+    colon heading its line (`**Answer**`, `### Final Answer`, at most `MAX_HEADING_PREFIX`
+    characters of markdown and `Final` before it) with a math span or a box right after it
+    (on the same or a later line). Bounded work: a short window and one anchored match."""
+    if m.group(1):
+        return True
+    lo = max(0, m.start() - MAX_HEADING_PREFIX)
+    start = text.rfind("\n", lo, m.start()) + 1
+    if (start == 0 and lo > 0) or not _HEADING_PREFIX_RE.fullmatch(text, start, m.start()):
+        return False
+    i = _ANSWER_LEAD_RE.match(text, m.end()).end()
+    return text.startswith(_STATEMENT_OPENERS, i)
+
+
 def _answer_line_match(text: str) -> re.Match[str] | None:
-    return _last_match(_ANSWER_RE, text)
+    return _last_match(_ANSWER_RE, text, _is_marker)
 
 
 def _clean_line(line: str) -> str:
@@ -274,7 +305,8 @@ def extract_answer_line(text: str) -> str | None:
     Markdown emphasis around the answer (`**Answer:** 5`) is removed. If the content is on
     the next line (`Answer:\\n5`) that line is used. A math span right after the marker
     (`Answer: $7$`, `Answer:\\n\\[ 7 \\]`) gives its content; if the line holds a box, the
-    box content is returned.
+    box content is returned. An `Answer` heading without a colon counts when a math span or
+    a box follows it (`**Answer** $7$`, `### Final Answer\\n\\[ 7 \\]`).
 
     Args:
       text: a model response.
@@ -458,14 +490,21 @@ def _whole_span(text: str) -> str | None:
     return None
 
 
-def extract_reference(reference: str) -> str:
+def extract_reference(reference: str | Sequence[str]) -> str:
     """The final answer of a reference, read the way a response's is (without the fallback).
 
     A reference that is a worked solution gives its last box, `Answer:` line or `The answer
     is ...` statement, or what follows GSM8K's `####` marker when that comes last; a
     reference wrapped whole in one math span gives its content. Any other reference (a bare
     answer: `1, 2, 3`, `x = 5`) is returned unchanged.
+
+    A list (or tuple) of strings is a reference of several final answers (OlympiadBench's
+    `final_answer`): each element is read as above and the answers are joined with `, `
+    into one bare list, which `verify` compares as an unordered set (`["$2$", "$-3$"]` ->
+    `2, -3`; a one-element list is its element's answer).
     """
+    if not isinstance(reference, str):
+        return ", ".join(extract_reference(r) for r in reference)
     text = reference.strip()
     text = _whole_span(text) or text
     mark = text.rfind(_GSM_MARK)

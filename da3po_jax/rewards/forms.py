@@ -15,8 +15,12 @@ or a regex without nested quantifiers, over strings that `verify` has already ca
   directly or mirrored (`a < b` is `b > a`);
 * matrices (`pmatrix`, `bmatrix`, `matrix`, `array`, ...): rows and entries, compared entry
   by entry (a determinant `vmatrix` only matches another `vmatrix`);
-* labels (`AB = 4`, `x_1 = 2`): a short name on the left of one `=`; a labelled answer
-  matches a bare value, and two labelled answers need the same label;
+* labels (`AB = 4`, `x_1 = 2`, `\\angle A = 45`, `f(x) = 2x`, `(p, q) = (3, 2)`, `a:b = 2:3`):
+  a short name, a tuple of names or a ratio of names on the left of one `=`; a labelled
+  answer matches a bare value, and two labelled answers need the same label;
+* ratios (`11:21`): their terms, compared term by term;
+* multiple-choice letters (`(C)`, `C`, and `(C)12` from `\\textbf{(C) }12`): the letter and
+  the value written after it;
 * equations (`2x + 4y - 3 = 0`): equal when `lhs - rhs` of one is a non-zero constant
   multiple of that of the other;
 * a decimal comma (`1,22` for `1.22`) and rounded decimals (`2.6667` for `8/3`).
@@ -36,14 +40,17 @@ __all__ = [
     "MAX_MATRIX_ENTRIES",
     "MIRROR",
     "as_interval",
+    "choice_parts",
     "decimal_comma",
     "excluded_point",
     "equation_sides",
     "equations_equal",
     "has_relation",
     "intersect_bounds",
+    "is_label",
     "is_plain_decimal",
     "matrix_entries",
+    "ratio_terms",
     "relation_parts",
     "rounds_to",
     "split_label",
@@ -61,7 +68,15 @@ _RELATION_RE = re.compile(r"\\leq|\\geq|\\neq|<|>|\\lt(?![a-zA-Z])|\\gt(?![a-zA-
 _RELATION_NAMES = {"\\lt": "<", "\\gt": ">"}
 MIRROR = {"<": ">", ">": "<", "\\leq": "\\geq", "\\geq": "\\leq", "\\neq": "\\neq"}
 _VARIABLE_RE = re.compile(r"(?:[A-Za-z]|\\([a-zA-Z]{2,8}))(?:_\{?[A-Za-z0-9]{1,3}\}?)?")
-_LABEL_RE = re.compile(r"(?:[A-Za-z]{1,3}|\\[a-zA-Z]{2,8})(?:_\{?[A-Za-z0-9]{1,3}\}?)?")
+_NAME = (
+    r"(?:[A-Za-z]{1,3}|\\[a-zA-Z]{2,8}|\\angle ?[A-Z]{1,3}|[A-Za-z](?:\^\{-1\})?\([a-z]\))"
+    r"(?:_\{?[A-Za-z0-9]{1,3}\}?)?"
+)
+# A label: one name (`AB`, `x_1`, `\\angle A`, `f(x)`), a tuple of names (`(p,q)`) or a
+# ratio of names (`V_1:V_2`); at most 8 names.
+_LABEL_RE = re.compile(rf"{_NAME}|\((?:{_NAME},){{1,7}}{_NAME}\)|(?:{_NAME}:){{1,7}}{_NAME}")
+_CHOICE_RE = re.compile(r"\(([A-E])\)((?:[^,].*)?)", re.DOTALL)  # not `(A),(C)`: a list
+MAX_RATIO_TERMS = 8
 _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 _DECIMAL_COMMA_RE = re.compile(r"[+-]?\d+,\d{1,2}")
 _POINT_DECIMAL_RE = re.compile(r"[+-]?\d*\.\d+")
@@ -232,18 +247,41 @@ def matrix_entries(s: str) -> tuple[str, list[list[str]]] | None:
     return ("det" if m.group(1) in ("vmatrix", "Vmatrix") else "matrix"), entries
 
 
-def split_label(s: str) -> tuple[str | None, str]:
-    """`AB=4` -> `("AB", "4")`; `(label, s)` with label None if `s` is not labelled.
+def is_label(s: str) -> bool:
+    """Whether `s` (whitespace removed) names what an answer is: a name of at most three
+    letters, one command (`\\alpha`, `\\angle A`) or a function of one variable (`f(x)`,
+    `f^{-1}(x)`), with an optional short subscript; a tuple of names (`(p,q)`) or a ratio of
+    names (`V_1:V_2`)."""
+    return len(s) <= MAX_FORM_CHARS and _LABEL_RE.fullmatch(s) is not None
 
-    A label is a name of at most three letters or one command (`\\angle`), with an optional
-    short subscript, on the left of the only `=` in `s`.
-    """
+
+def split_label(s: str) -> tuple[str | None, str]:
+    """`AB=4` -> `("AB", "4")`, `(p,q)=(3,2)` -> `("(p,q)", "(3,2)")`; `(label, s)` with
+    label None if `s` is not labelled (no `is_label` left side of the only `=` in `s`)."""
     if s.count("=") != 1:
         return None, s
     lhs, rhs = s.split("=")
-    if rhs and _LABEL_RE.fullmatch(lhs):
+    if rhs and is_label(lhs):
         return lhs, rhs
     return None, s
+
+
+def ratio_terms(s: str) -> list[str] | None:
+    """`11:21` -> `["11", "21"]`: the terms of a ratio, or None if `s` has no `:`, an empty
+    term, an `=`, or more than `MAX_RATIO_TERMS` terms."""
+    if ":" not in s or "=" in s or s.count(":") >= MAX_RATIO_TERMS or len(s) > MAX_FORM_CHARS:
+        return None
+    terms = s.split(":")
+    return terms if all(terms) else None
+
+
+def choice_parts(s: str) -> tuple[str, str] | None:
+    """`(C)12` -> `("C", "12")`, `(C)` -> `("C", "")`, `C` -> `("C", "")`: a multiple-choice
+    letter (A-E) and the value written after it; None for anything else."""
+    if len(s) == 1 and s in "ABCDE":
+        return s, ""
+    m = _CHOICE_RE.fullmatch(s)
+    return None if m is None else (m.group(1), m.group(2))
 
 
 def equation_sides(s: str) -> tuple[str, str] | None:

@@ -10,10 +10,18 @@ answers already match as strings and never need sympy:
 * `\\left`/`\\right`/`\\big`, spacing commands (`\\,`, `\\!`, `\\quad`, `~`) and all
   whitespace go (one space is kept between a command and a following letter: `\\pi r`);
 * `\\text{}`-like groups are unwrapped, except a trailing group of plain words after some
-  math, which is a unit (`5\\text{ cm}` -> `5`); trailing unit words (`5 cm`, `12 dollars`),
-  degrees (`^\\circ`) and percent signs (`\\%`, `28 percent`) are removed, so `50\\%`
-  matches `50` (but *not* `0.5`: a percentage and a fraction are different answers to most
-  questions);
+  math, which is a unit (`5\\text{ cm}` -> `5`); a unit of several groups after a number
+  (`3.3 \\mathrm{~km} / \\mathrm{s}`, `6 \\text{erg} \\cdot \\text{s}`,
+  `10^{20} \\mathrm{~cm}^{-3}`, `\\text{ m/s}`) goes too; trailing unit words (`5 cm`,
+  `12 dollars`), degrees (`^\\circ`, `°`) and percent signs (`\\%`, `28 percent`)
+  are removed, so `50\\%` matches `50` (but *not* `0.5`: a percentage and a fraction are
+  different answers to most questions);
+* a leading `\\approx` goes (`\\approx 11` -> `11`), and `\\approx` after a label is
+  read as `=` (`x \\approx 11` -> `11`, `AB \\approx 11` -> `AB=11`); `\\approx` between
+  two values stays, so `\\frac{22}{7} \\approx 3.14` matches neither value;
+* a matrix row break with spacing (`\\\\[2pt]`) is a plain row break, a whole answer
+  `\\mathbb{R}` is the interval `(-\\infty,\\infty)`, and an answer with one `\\pm` is the
+  list of its two values (`\\pm 2` -> `2,-2`, `x = 1 \\pm \\sqrt{2}` -> `1+\\sqrt{2},1-\\sqrt{2}`);
 * thousands separators are removed only when the whole answer is one number whose groups
   after the first have exactly three digits (`1,000`, `1{,}000`, `1\\,000`, `11,\\! 111`,
   `10 455`, also before a final `.`), never inside tuples or lists: `(1,000)` stays a pair,
@@ -24,7 +32,8 @@ answers already match as strings and never need sympy:
 * ASCII relations become LaTeX (`>=` -> `\\geq`, `<=` -> `\\leq`, `!=` -> `\\neq`), and
   `\\lt` / `\\gt` become `<` / `>`; two bounds on one variable joined by `and` become one
   chain (`x \\geq -2 and x \\leq 7` -> `-2 \\leq x \\leq 7`);
-* a few Unicode symbols become LaTeX (`π`, `√`, `−`, `×`, `≤`); pure words are lowercased.
+* a few Unicode symbols become LaTeX (`π`, `√`, `−`, `×`, `≤`, `≈`); pure words are
+  lowercased.
 
 Every step is a linear scan or a regex without nested or adjacent unbounded quantifiers over
 the same characters, so adversarial inputs cannot trigger catastrophic backtracking. Brace
@@ -40,7 +49,7 @@ from __future__ import annotations
 import re
 
 from da3po_jax.rewards.extract import find_closing_brace
-from da3po_jax.rewards.forms import intersect_bounds
+from da3po_jax.rewards.forms import intersect_bounds, is_label
 
 __all__ = ["normalize_answer", "squash_whitespace", "strip_outer_braces"]
 
@@ -59,6 +68,7 @@ _UNICODE = {
     "\u00b0": "",
     "\u2013": "-",
     "\u00a0": " ",
+    "\u2248": "\\approx ",
 }
 _LITERAL = (
     ("\\dfrac", "\\frac"),
@@ -87,6 +97,23 @@ _LITERAL = (
     ("**", "^"),
     ("\\cup", ","),
 )
+# `\\[2pt]`: a row break with extra spacing, before `\[` is read as a math delimiter.
+_ROW_SPACING_RE = re.compile(
+    r"\\\\\[[ \t]{0,3}-?[\d.]{0,8}[ \t]{0,3}(?:pt|em|ex|mm|cm|mu)[ \t]{0,3}\]"
+)
+_APPROX_RE = re.compile(r"\\approx(?![a-zA-Z])")
+# One unit group at the end, joined to the one before by `/` or `\cdot` (`\mathrm{~km} /
+# \mathrm{s}`, `\text{erg} \cdot \text{s}`, `\mathrm{~cm}^{-3}`, `\text{ m/s}`,
+# `\mathrm{erg \cdot s}`).
+_UNIT_PIECE_RE = re.compile(
+    r"(?:/|\\cdot)?[ \t]*\\(?:text|mathrm|textrm|mbox)[ \t]*\{[ \t]*"
+    r"[A-Za-z]{1,8}(?:[ \t]?(?:/|\\cdot)[ \t]?[A-Za-z]{1,8}){0,3}[ \t]*\}(?:\^\{?-?[1-4]\}?)?"
+    r"[ \t]*\Z"
+)
+MAX_UNIT_PIECES = 6
+_UNIT_WINDOW = 64
+_REAL_LINE = frozenset({"\\mathbb{R}", "\\mathbb R"})
+_PLUS_MINUS_RE = re.compile(r"\\pm(?![a-zA-Z])")
 _SIZING_RE = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)(?![a-zA-Z])")
 _SPACING_RE = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\(?:en|thin)space(?![a-zA-Z])|~")
 _RELATION_RE = re.compile(r"\\(le|ge|ne)(?![a-zA-Z])")
@@ -257,6 +284,46 @@ def strip_outer_braces(s: str) -> str:
     return s[lo : hi + 1]
 
 
+def _strip_compound_unit(s: str) -> str:
+    """Removes a unit of one or more groups after a number (`3.3 \\mathrm{ km} / \\mathrm{s}`,
+    `6 \\text{erg} \\cdot \\text{s}`, `10^{20} \\mathrm{ cm}^{-3}`, `5 \\text{ m/s}` -> the
+    number). Bounded: at most `MAX_UNIT_PIECES` regex searches over the last `_UNIT_WINDOW`
+    characters."""
+    head, pieces = s, 0
+    for _ in range(MAX_UNIT_PIECES):
+        start = max(0, len(head) - _UNIT_WINDOW)
+        m = _UNIT_PIECE_RE.search(head, start)
+        if m is None:
+            break
+        head, pieces = head[: m.start()], pieces + 1
+    if not pieces or not any(c.isdigit() for c in head):
+        return s
+    return head
+
+
+def _approx_as_value(s: str) -> str:
+    """`\\approx 11` -> `11`, `x \\approx 11` -> `x = 11` (a label, read as with `=`);
+    any other use of `\\approx` (`\\frac{22}{7} \\approx 3.14`) is left as it is."""
+    parts = _APPROX_RE.split(s)
+    if len(parts) != 2 or not parts[1].strip():
+        return s
+    lhs, rhs = parts[0].strip(), parts[1].strip()
+    if not lhs:
+        return rhs
+    if "=" not in lhs and is_label(squash_whitespace(lhs)):
+        return lhs + " = " + rhs
+    return s
+
+
+def _expand_plus_minus(s: str) -> str:
+    """`\\pm2` -> `2,-2`, `1\\pm\\sqrt{2}` -> `1+\\sqrt{2},1-\\sqrt{2}`: an answer with one
+    `\\pm` (and no comma) is the list of its two values."""
+    if "," in s or len(_PLUS_MINUS_RE.findall(s)) != 1:
+        return s
+    plus = _PLUS_MINUS_RE.sub("+", s)
+    return (plus[1:] if plus.startswith("+") else plus) + "," + _PLUS_MINUS_RE.sub("-", s)
+
+
 def _strip_box(s: str) -> str:
     for command in ("\\boxed", "\\fbox"):
         if s.startswith(command):
@@ -320,6 +387,8 @@ def _latex_cleanup(s: str) -> str:
     for k, v in _UNICODE.items():
         if k in s:
             s = s.replace(k, v)
+    if "\\\\[" in s:
+        s = _ROW_SPACING_RE.sub(lambda m: "\\\\", s)
     for k, v in _LITERAL:
         if k in s:
             s = s.replace(k, v)
@@ -331,7 +400,9 @@ def _latex_cleanup(s: str) -> str:
     if "\\lt" in s or "\\gt" in s:
         s = _STRICT_RE.sub(lambda m: " < " if m.group(1) == "l" else " > ", s)
     s = _strip_box(_strip_answer_phrase(s.strip()))
-    s = _replace_text_groups(s)
+    if "\\approx" in s:
+        s = _approx_as_value(s)
+    s = _replace_text_groups(_strip_compound_unit(s))
     s = _strip_answer_phrase(s.strip())
     s = _split_alternatives(s)
     return s.strip()
@@ -368,6 +439,10 @@ def normalize_answer(answer: str, strip_label: bool = True) -> str:
     if m is not None:
         s = f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}"
     s = _LEADING_DOT_RE.sub(r"0.\1", s)
+    if "\\pm" in s:
+        s = _expand_plus_minus(s)
     if _WORD_RE.fullmatch(s):
         s = s.lower()
+    if s in _REAL_LINE:
+        s = "(-\\infty,\\infty)"
     return s

@@ -2,7 +2,8 @@
 
 `RewardScorer.score_batch(responses, references)` reads each distinct reference's final
 answer (`extract_reference`: the last box, `Answer:` line, `The answer is ...` or `#### 72` of
-a worked solution, the content of a reference written as `$...$`; a bare answer as it is),
+a worked solution, the content of a reference written as `$...$`; a bare answer as it is; a
+list of such strings, OlympiadBench's `final_answer`, as the unordered list of their answers),
 extracts each response's final answer (`extract_answer`, with the `fallback` to the last math
 expression of a response that states none; when the reference is a set of several answers and
 the final answer is the last of several boxes, all the boxes together, `extract_boxes`), then
@@ -101,6 +102,7 @@ MAX_ANSWER_CHARS = 4_096
 # generation budget; extraction of this much text takes well under a second.
 MAX_RESPONSE_CHARS = 2_000_000
 _Task = tuple[int, str, str]  # (task id, extracted answer, reference)
+_Reference = str | tuple[str, ...]  # one reference answer, or several (an unordered list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,7 +451,9 @@ class RewardScorer:
             return ("error", False)
         return None if verdict is None else ("ok", verdict)
 
-    def score_batch(self, responses: Sequence[str], references: Sequence[str]) -> BatchScores:
+    def score_batch(
+        self, responses: Sequence[str], references: Sequence[str | Sequence[str]]
+    ) -> BatchScores:
         """Scores `responses[i]` against `references[i]` for every i.
 
         Args:
@@ -457,20 +461,20 @@ class RewardScorer:
             response over `MAX_RESPONSE_CHARS` characters, or with an answer over
             `MAX_ANSWER_CHARS` that is not the reference's, scores as "no_answer".
           references: reference answers: bare answers such as `\\frac{1}{2}`, or worked
-            solutions and `$...$` spans, whose final answer is read by `extract_reference`.
+            solutions and `$...$` spans, whose final answer is read by `extract_reference`;
+            a list or tuple of such strings is a reference of several answers, compared as
+            one unordered list (`["$2$", "$-3$"]` is `2, -3`).
 
         Returns:
           A `BatchScores` with results in input order and status counts.
 
         Raises:
           ValueError: if the two sequences differ in length.
-          TypeError: if a reference is not a string.
+          TypeError: if a reference is not a string or a list or tuple of strings.
         """
         if len(responses) != len(references):
             raise ValueError(f"{len(responses)} responses but {len(references)} references")
-        for ref in references:
-            if not isinstance(ref, str):
-                raise TypeError(f"references must be strings, got {type(ref).__name__}")
+        references = [_reference_key(ref) for ref in references]
         golds = self._golds(references)
         answers = [self._extract(r, *golds[ref]) for r, ref in zip(responses, references)]
         references = [golds[ref][1] for ref in references]
@@ -494,9 +498,9 @@ class RewardScorer:
             answers, references, decided, len(tasks), self._pool.restarts - restarts_before
         )
 
-    def _golds(self, references: Sequence[str]) -> dict[str, tuple[bool, str]]:
+    def _golds(self, references: Sequence[_Reference]) -> dict[_Reference, tuple[bool, str]]:
         """{reference: (is an answer set, its final answer)}, once per distinct reference."""
-        golds: dict[str, tuple[bool, str]] = {}
+        golds: dict[_Reference, tuple[bool, str]] = {}
         for ref in references:
             if ref not in golds:
                 gold = extract_reference(ref)
@@ -528,6 +532,17 @@ class RewardScorer:
         return BatchScores(results, stats)
 
 
+def _reference_key(reference: Any) -> _Reference:
+    """A reference as a hashable key: a string, or a tuple of the strings of a list."""
+    if isinstance(reference, str):
+        return reference
+    if isinstance(reference, (list, tuple)) and all(isinstance(r, str) for r in reference):
+        return tuple(reference)
+    raise TypeError(
+        f"references must be strings or lists of strings, got {type(reference).__name__}"
+    )
+
+
 def _same_text(answer: str, reference: str) -> bool:
     """Whether the two strings are equal up to whitespace (`squash_whitespace`)."""
     return answer == reference or squash_whitespace(answer) == squash_whitespace(reference)
@@ -535,7 +550,7 @@ def _same_text(answer: str, reference: str) -> bool:
 
 def score_batch(
     responses: Sequence[str],
-    references: Sequence[str],
+    references: Sequence[str | Sequence[str]],
     *,
     timeout_s: float = 5.0,
     num_workers: int = 2,

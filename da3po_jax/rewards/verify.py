@@ -4,16 +4,26 @@ The check runs in stages, cheapest first, and each stage either decides or passe
 
 1. the normalised strings are equal (`normalize_answer`) -> equivalent; a decimal comma is
    read as a point first when that is the only sensible reading (`1,22` against `1.22`);
-2. answer forms (`forms`): matrices entry by entry (`pmatrix` is `bmatrix`); a relation
-   that bounds one variable becomes its interval (`x > 3` is `(3,\\infty)`, `5 \\leq x` is
-   `x \\geq 5`, `-2 \\le x \\le 7` is `[-2,7]`), `x \\neq 2` the two intervals around 2,
-   other relations compare side by side, directly or mirrored;
+2. answer forms (`forms`): matrices entry by entry, whatever the environment and brackets
+   (`pmatrix`, `bmatrix`, `matrix` and `array` in `\\left(...\\right)` or
+   `\\left[...\\right]` are one kind; the shapes must agree; a `vmatrix` or an array in
+   `|...|` is a determinant, never a matrix); a choice letter with its value (`(C)12`, from
+   `\\textbf{(C) }12`) matches the letter (`C`, `(C)`) or the value (`12`), whichever the
+   other side is; a relation that bounds one variable becomes its interval (`x > 3` is
+   `(3,\\infty)`, `5 \\leq x` is `x \\geq 5`, `-2 \\le x \\le 7` is `[-2,7]`), `x \\neq 2`
+   the two intervals around 2, other relations compare side by side, directly or mirrored;
 3. tuples, intervals and lists (a top-level comma; `;`, `or`, `and` and `\\cup` separate
    answers too) are compared element by element: the brackets must agree (`(1, 2)` is not
-   `[1, 2]`), tuples and intervals in order, bare lists and `\\{...\\}` sets in any order; a
-   labelled element (`AB=4`) matches a bare value, two labelled elements need equal labels;
+   `[1, 2]`), tuples and intervals in order, bare lists and `\\{...\\}` sets in any order
+   (so several boxes, or a reference given as a list of strings, against a list of answers:
+   one box of two is wrong); a labelled answer (`AB=4`, `x_1=2`, `\\angle A=45`, a tuple of
+   names `(p,q)=(3,2)`, a ratio of names `V_1:V_2=11:21`; `x \\approx 11` is `x = 11` and a
+   leading `\\approx` is dropped) matches a bare value, two labelled answers need equal
+   labels; ratios (`11:21`) compare term by term, as written (`11:21` is not `21:11`, nor
+   `22:42`);
 4. both sides are plain numbers (`parse_number`: integers, decimals, fractions, scientific
-   notation, exact `Fraction`s) -> equal iff the values are equal;
+   notation such as `5.3e-5`, exact `Fraction`s) -> equal iff the values are equal (`033` is
+   `33`, `27.0` is `27`; `6.0 \\times 10^{-27}` is exact arithmetic of stage 5);
 5. both sides parse with the whitelist parser (`latex.parse_math`) and evaluate to rationals
    -> equal iff the values are equal; an answer outside the parser's subset (words,
    relations, past a size cap) can only match by string, so -> not equivalent;
@@ -34,11 +44,13 @@ compare exactly, and an irrational value (`\\pi`, `\\sqrt{2}`) still needs an ex
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from da3po_jax.rewards.forms import (
     MIRROR,
     as_interval,
+    choice_parts,
     decimal_comma,
     equation_sides,
     equations_equal,
@@ -46,6 +58,7 @@ from da3po_jax.rewards.forms import (
     has_relation,
     is_plain_decimal,
     matrix_entries,
+    ratio_terms,
     relation_parts,
     rounds_to,
     split_label,
@@ -236,6 +249,45 @@ def _relation_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None
     return None if undecided else False
 
 
+def _pairwise(pairs: Iterable[tuple[str, str]], symbolic: bool, level: int) -> bool | None:
+    """True if every pair is equivalent, False if one is not, else None (undecided)."""
+    undecided = False
+    for a, b in pairs:
+        v = _verdict(a, b, symbolic, level + 1)
+        if v is False:
+            return False
+        undecided |= v is None
+    return None if undecided else True
+
+
+def _ratio_verdict(
+    pt: list[str] | None, rt: list[str] | None, symbolic: bool, level: int
+) -> bool | None:
+    """Ratios term by term, as written (`11:21` is not `22:42`)."""
+    if pt is None or rt is None or len(pt) != len(rt) or level >= MAX_SEQUENCE_NESTING:
+        return False
+    return _pairwise(zip(pt, rt), symbolic, level)
+
+
+def _choice_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
+    """A choice letter with its value (`(C)12`) against a letter (`C`, `(C)`: the letters
+    decide), a value (`12`: the values decide) or both (both must agree)."""
+    pc, rc = choice_parts(p), choice_parts(r)
+    if level >= MAX_SEQUENCE_NESTING:
+        return False
+    if pc is not None and rc is not None:
+        if pc[0] != rc[0]:
+            return False
+        return _verdict(pc[1], rc[1], symbolic, level + 1) if pc[1] and rc[1] else True
+    value, other = (pc[1], r) if pc is not None else (rc[1], p)
+    return _verdict(value, other, symbolic, level + 1)
+
+
+def _is_tuple_label(s: str) -> bool:
+    label = split_label(s)[0] if "=" in s else None
+    return label is not None and label.startswith("(")
+
+
 def _label_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
     """`AB=4` against `4` (the value decides) or `AB=4` (the labels must agree too)."""
     (pl, pv), (rl, rv) = split_label(p), split_label(r)
@@ -252,7 +304,12 @@ def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
         return _scalar_verdict(p, r, symbolic)
     if "\\begin" in p or "\\begin" in r:
         return _matrix_verdict(p, r, symbolic, level)
+    pc, rc = choice_parts(p), choice_parts(r)
+    if (pc and rc) or (pc and pc[1]) or (rc and rc[1]):
+        return _choice_verdict(p, r, symbolic, level)
     p, r = (as_interval(p) or excluded_point(p) or p), (as_interval(r) or excluded_point(r) or r)
+    if _is_tuple_label(p) or _is_tuple_label(r):  # `(p,q)=(3,2)`: not a list of two
+        return _label_verdict(p, r, symbolic, level)
     ps, rs = split_sequence(p), split_sequence(r)
     if ps is not None or rs is not None:
         return _sequence_verdict(ps, rs, symbolic, level)
@@ -263,6 +320,8 @@ def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
         return _relation_verdict(p, r, symbolic, level)
     if split_label(p)[0] is not None or split_label(r)[0] is not None:
         return _label_verdict(p, r, symbolic, level)
+    if ":" in p or ":" in r:
+        return _ratio_verdict(ratio_terms(p), ratio_terms(r), symbolic, level)
     return _scalar_verdict(p, r, symbolic)
 
 
