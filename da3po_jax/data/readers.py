@@ -6,14 +6,26 @@ parser configured by `FieldSpec`:
 - prompt: the first present field of `FieldSpec.prompt` (default `prompt`, `problem`,
   `question`). A string, or a chat-format list of `{role, content}` messages whose last
   user message is the prompt (DAPO-Math-17k stores `prompt` that way; its user content
-  already holds the DAPO instruction, so use the `"raw"` template for it).
+  already holds the DAPO instruction, so use the `"raw"` template for it). A non-empty
+  `FieldSpec.context` field (OlympiadBench's `context`) goes before it, a blank line between.
 - answer: the first present field of `FieldSpec.answer` (default `answer`,
-  `reward_model.ground_truth`, `solution`); dotted paths walk nested objects. With
+  `reward_model.ground_truth`, `solution`); dotted paths walk nested objects. A string, or
+  a number: an integral float is written as an integer (AMC23's `27.0` -> `27`), any other
+  finite float in its shortest repr (`0.25`); a bool, NaN or infinity is malformed. With
   `answer_mode="auto"` a value holding `\\boxed{}` yields its last box (MATH), one holding
   `####` yields the GSM8K tail, anything else is taken as is; a `solution` field without
-  a box is malformed, since a worked solution is not an answer.
+  a box is malformed, since a worked solution is not an answer. With
+  `FieldSpec.list_answers` a list is several final answers (OlympiadBench's
+  `final_answer`): each element loses a math span wrapping all of it (`$2$` -> `2`) and the
+  elements are joined with `, `, the bare list the verifier compares as an unordered set
+  (what `rewards.extract.extract_reference` makes of such a list); otherwise, and for an
+  empty list, a list is malformed.
 - id: the first present field of `FieldSpec.id` (default `id`, `extra_info.index`), else
   `<file name>:<row index>`; duplicates get `#<row index>` appended so ids stay unique.
+- tier: the first present field of `FieldSpec.tier`; an integer gets `FieldSpec.tier_prefix`
+  (MATH-500's `level` 3 -> `Level 3`, the label the MATH training files carry as text).
+- solution: the first present field of `FieldSpec.solution`; of a list of worked solutions
+  (OlympiadBench) the first.
 
 Malformed rows (bad JSON, missing/empty fields, wrong types) are skipped and counted; the
 first few are logged with their row numbers (1-based lines for JSONL, 0-based rows for
@@ -26,6 +38,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -68,7 +81,11 @@ class FieldSpec:
       id: candidate paths of a stable row id (string or int).
       tier: candidate paths of a difficulty label (string or int), optional in rows.
       solution: candidate paths of a worked solution kept as SFT target, optional.
+      context: candidate paths of text that must precede the prompt, optional in rows.
       answer_mode: `"auto"`, `"raw"`, `"boxed"` (last `\\boxed{}`) or `"gsm8k"` (`####`).
+      list_answers: a list of strings at the answer path is several final answers, stored
+        joined with `, ` (off by default: a list answer is then malformed).
+      tier_prefix: put before an integer tier (`"Level "` makes 3 into `Level 3`).
       dedupe: drop rows whose (prompt, answer) repeats an earlier row (DAPO-Math-17k's
         Parquet repeats each problem many times); drops are counted, not warned about.
     """
@@ -78,11 +95,14 @@ class FieldSpec:
     id: tuple[str, ...] = ("id", "extra_info.index")
     tier: tuple[str, ...] = ("tier", "level", "difficulty")
     solution: tuple[str, ...] = ("solution",)
+    context: tuple[str, ...] = ()
     answer_mode: str = "auto"
+    list_answers: bool = False
+    tier_prefix: str = ""
     dedupe: bool = False
 
     def __post_init__(self):
-        for name in ("prompt", "answer", "id", "tier", "solution"):
+        for name in ("prompt", "answer", "id", "tier", "solution", "context"):
             value = getattr(self, name)
             if isinstance(value, str):  # allow FieldSpec(prompt="question")
                 object.__setattr__(self, name, (value,))
@@ -173,11 +193,56 @@ def _prompt_text(value: Any, path: str) -> tuple[str, str | None]:
     return text.strip(), system
 
 
-def _answer_text(value: Any, path: str, mode: str) -> tuple[str, str | None]:
-    """(canonical answer, the worked text it was extracted from or None) of a value."""
+_MATH_SPANS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+
+
+def _scalar_text(value: Any, path: str) -> str:
+    """The stripped text of a string or number answer value (see the module docstring)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise MalformedRow("wrong type", f"{path} is {_type_name(value)}")
-    text = str(value).strip()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MalformedRow("wrong type", f"{path} is {value}")
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value).strip()
+
+
+def _unwrap_math(text: str) -> str:
+    """The content of one math span enclosing all of `text` (`$2$` -> `2`), else `text`.
+
+    The same test as the verifier's reference reading (`rewards/extract.py: _whole_span`),
+    kept here because data/ does not import rewards/: `$1$ and $2$` is not one span.
+    """
+    for opener, closer in _MATH_SPANS:
+        if len(text) > len(opener) + len(closer) and text.startswith(opener):
+            inner = text[len(opener) : -len(closer)]
+            if not text.endswith(closer):
+                return text
+            if opener in ("$", "$$") and inner.count("$") != inner.count("\\$"):
+                return text
+            if opener not in ("$", "$$") and opener in inner:
+                return text
+            return inner.strip()
+    return text
+
+
+def _list_text(value: Sequence[Any], path: str) -> str:
+    """Several final answers as one bare list: `["$2$", "$-3$"]` -> `2, -3`."""
+    if not value:
+        raise MalformedRow("empty answer", f"{path} is an empty list")
+    parts = [_unwrap_math(_scalar_text(v, f"{path}[{i}]")) for i, v in enumerate(value)]
+    if not all(parts):
+        raise MalformedRow("empty answer", f"{path} holds an empty element")
+    return ", ".join(parts)
+
+
+def _answer_text(
+    value: Any, path: str, mode: str, list_answers: bool = False
+) -> tuple[str, str | None]:
+    """(canonical answer, the worked text it was extracted from or None) of a value."""
+    if list_answers and isinstance(value, (list, tuple)):
+        return _list_text(value, path), None
+    text = _scalar_text(value, path)
     if not text:
         raise MalformedRow("empty answer", path)
     is_solution = path.rsplit(".", 1)[-1] == "solution"
@@ -196,13 +261,43 @@ def _answer_text(value: Any, path: str, mode: str) -> tuple[str, str | None]:
     return text, None
 
 
-def _optional_str(row: Mapping[str, Any], paths: Sequence[str]) -> str | None:
-    _, value = _first_present(row, paths)
+def _str_value(value: Any) -> str | None:
     if isinstance(value, str) and value.strip():
         return value.strip()
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return None
+
+
+def _optional_str(row: Mapping[str, Any], paths: Sequence[str]) -> str | None:
+    return _str_value(_first_present(row, paths)[1])
+
+
+def _tier(row: Mapping[str, Any], fields: FieldSpec) -> str:
+    _, value = _first_present(row, fields.tier)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{fields.tier_prefix}{value}"
+    return _str_value(value) or ""
+
+
+def _solution(row: Mapping[str, Any], fields: FieldSpec) -> str | None:
+    """The worked solution; of a list of them (OlympiadBench's `solution`), the first."""
+    _, value = _first_present(row, fields.solution)
+    if isinstance(value, (list, tuple)):
+        value = next((v for v in value if _str_value(v)), None)
+    return _str_value(value)
+
+
+def _prompt_of(row: Mapping[str, Any], fields: FieldSpec) -> tuple[str, str | None, set[str]]:
+    """(prompt with its context, system message or None, top-level fields read) of a row."""
+    p_path, p_value = _first_present(row, fields.prompt)
+    if not p_path:
+        raise MalformedRow("missing prompt", f"none of {', '.join(fields.prompt)}")
+    prompt, system = _prompt_text(p_value, p_path)
+    c_path, context = _first_present(row, fields.context)
+    if isinstance(context, str) and context.strip():
+        prompt = f"{context.strip()}\n\n{prompt}"
+    return prompt, system, {path.split(".")[0] for path in (p_path, c_path) if path}
 
 
 def parse_row(row: Any, fields: FieldSpec, *, default_id: str, source: str) -> MathProblem:
@@ -219,16 +314,13 @@ def parse_row(row: Any, fields: FieldSpec, *, default_id: str, source: str) -> M
     """
     if not isinstance(row, Mapping):
         raise MalformedRow("not an object", f"row is {_type_name(row)}")
-    p_path, p_value = _first_present(row, fields.prompt)
-    if not p_path:
-        raise MalformedRow("missing prompt", f"none of {', '.join(fields.prompt)}")
-    prompt, system = _prompt_text(p_value, p_path)
+    prompt, system, used = _prompt_of(row, fields)
     a_path, a_value = _first_present(row, fields.answer)
     if not a_path:
         raise MalformedRow("missing answer", f"none of {', '.join(fields.answer)}")
-    answer, worked = _answer_text(a_value, a_path, fields.answer_mode)
+    answer, worked = _answer_text(a_value, a_path, fields.answer_mode, fields.list_answers)
     meta: dict[str, Any] = {"system": system} if system else {}
-    used = {path.split(".")[0] for path in (p_path, a_path)}
+    used.add(a_path.split(".")[0])
     extra = {
         k: v
         for k, v in row.items()
@@ -243,8 +335,8 @@ def parse_row(row: Any, fields: FieldSpec, *, default_id: str, source: str) -> M
         id=_optional_str(row, fields.id) or default_id,
         prompt=prompt,
         answer=answer,
-        tier=_optional_str(row, fields.tier) or "",
-        solution=_optional_str(row, fields.solution) or worked,
+        tier=_tier(row, fields),
+        solution=_solution(row, fields) or worked,
         source=source,
         meta=meta,
     )
