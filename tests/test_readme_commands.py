@@ -140,7 +140,8 @@ COMMANDS: dict[str, Run] = {
     "--config.data.eval_path=/data/aime-2024.jsonl "
     "--workdir=/data/runs/qwen_math": Run("qwen_math", "qwen_math", REAL, extended=True),
     # --- on-policy distillation (extended: CI time; tests/train/test_opd.py and the
-    # ra_opd metric reference run the same trainer on every CI run)
+    # ra_opd metric reference run the same trainer on every CI run; the qwen_opd command
+    # below too)
     "python -m da3po_jax.main --config=configs/tiny_opd.py --workdir=/tmp/opd_s0": Run(
         "tiny_opd", "tiny_opd", TINY_OPD + TINY_OPD_CACHE, extended=True
     ),
@@ -155,7 +156,7 @@ COMMANDS: dict[str, Run] = {
     "python -m da3po_jax.main --config=configs/qwen_opd.py "
     "--config.model.path=/data/Qwen3-1.7B --config.teacher.path=/data/Qwen3-8B "
     "--config.data.train_path=/data/dapo-math-17k.parquet "
-    "--workdir=/data/runs/qwen_opd": Run("qwen_opd", "qwen_opd", REAL),
+    "--workdir=/data/runs/qwen_opd": Run("qwen_opd", "qwen_opd", REAL, extended=True),
     # --- meshes (8 simulated CPU devices) and the planner
     "python -m da3po_jax.main --config=configs/qwen_math.py --config.mesh.shape=1,-1,1 ...": Run(
         "mesh_fsdp",

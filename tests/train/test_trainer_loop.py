@@ -84,8 +84,10 @@ def test_rounds_larger_than_the_batch(tmp_path, monkeypatch, estimator):
             "daa.estimator": estimator,
             "optim.lr": 1e-3,
             "optim.warmup_steps": 4,
-            # tempered sampling turns truncated importance sampling on (checked below)
+            # tempered sampling of the untempered policy turns truncated importance
+            # sampling on (checked below)
             "rollout.temperature": 0.7 if estimator == "bayes" else 1.0,
+            "loss.train_temperature": 1.0,
         },
     )
     workdir = str(tmp_path / estimator)
