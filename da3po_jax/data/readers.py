@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from da3po_jax.data.records import MathProblem, extract_gsm8k_answer, extract_last_boxed
+from da3po_jax.rewards.extract import whole_span
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +194,6 @@ def _prompt_text(value: Any, path: str) -> tuple[str, str | None]:
     return text.strip(), system
 
 
-_MATH_SPANS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
-
-
 def _scalar_text(value: Any, path: str) -> str:
     """The stripped text of a string or number answer value (see the module docstring)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -207,30 +205,13 @@ def _scalar_text(value: Any, path: str) -> str:
     return str(value).strip()
 
 
-def _unwrap_math(text: str) -> str:
-    """The content of one math span enclosing all of `text` (`$2$` -> `2`), else `text`.
-
-    The same test as the verifier's reference reading (`rewards/extract.py: _whole_span`),
-    kept here because data/ does not import rewards/: `$1$ and $2$` is not one span.
-    """
-    for opener, closer in _MATH_SPANS:
-        if len(text) > len(opener) + len(closer) and text.startswith(opener):
-            inner = text[len(opener) : -len(closer)]
-            if not text.endswith(closer):
-                return text
-            if opener in ("$", "$$") and inner.count("$") != inner.count("\\$"):
-                return text
-            if opener not in ("$", "$$") and opener in inner:
-                return text
-            return inner.strip()
-    return text
-
-
 def _list_text(value: Sequence[Any], path: str) -> str:
     """Several final answers as one bare list: `["$2$", "$-3$"]` -> `2, -3`."""
     if not value:
         raise MalformedRow("empty answer", f"{path} is an empty list")
-    parts = [_unwrap_math(_scalar_text(v, f"{path}[{i}]")) for i, v in enumerate(value)]
+    texts = [_scalar_text(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    spans = [whole_span(t) for t in texts]  # `$2$` -> `2`, as the verifier reads it
+    parts = [t if span is None else span for t, span in zip(texts, spans)]
     if not all(parts):
         raise MalformedRow("empty answer", f"{path} holds an empty element")
     return ", ".join(parts)

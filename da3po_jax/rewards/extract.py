@@ -475,7 +475,7 @@ def last_expression(text: str) -> str | None:
     return _unbox(_value_side(max(found)[1]), None)
 
 
-def _whole_span(text: str) -> str | None:
+def whole_span(text: str) -> str | None:
     """The content of `text` if one math span (`$...$`, `\\(...\\)`, ...) encloses all of it."""
     for opener, close in _MATH_DELIMITERS:
         if len(text) > len(opener) + len(close) and text.startswith(opener):
@@ -506,7 +506,7 @@ def extract_reference(reference: str | Sequence[str]) -> str:
     if not isinstance(reference, str):
         return ", ".join(extract_reference(r) for r in reference)
     text = reference.strip()
-    text = _whole_span(text) or text
+    text = whole_span(text) or text
     mark = text.rfind(_GSM_MARK)
     box = _last_box_start(text)
     if mark >= 0 and (box is None or mark > box[0]):
