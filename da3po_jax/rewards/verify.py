@@ -269,10 +269,10 @@ def _ratio_verdict(
     return _pairwise(zip(pt, rt), symbolic, level)
 
 
-def _choice_verdict(p: str, r: str, symbolic: bool, level: int) -> bool | None:
+def _choice_verdict(p: str, r: str, pc, rc, symbolic: bool, level: int) -> bool | None:
     """A choice letter with its value (`(C)12`) against a letter (`C`, `(C)`: the letters
-    decide), a value (`12`: the values decide) or both (both must agree)."""
-    pc, rc = choice_parts(p), choice_parts(r)
+    decide), a value (`12`: the values decide) or both (both must agree); `pc`, `rc` are
+    the two sides' `choice_parts`."""
     if level >= MAX_SEQUENCE_NESTING:
         return False
     if pc is not None and rc is not None:
@@ -306,7 +306,7 @@ def _verdict(p: str, r: str, symbolic: bool, level: int = 0) -> bool | None:
         return _matrix_verdict(p, r, symbolic, level)
     pc, rc = choice_parts(p), choice_parts(r)
     if (pc and rc) or (pc and pc[1]) or (rc and rc[1]):
-        return _choice_verdict(p, r, symbolic, level)
+        return _choice_verdict(p, r, pc, rc, symbolic, level)
     p, r = (as_interval(p) or excluded_point(p) or p), (as_interval(r) or excluded_point(r) or r)
     if _is_tuple_label(p) or _is_tuple_label(r):  # `(p,q)=(3,2)`: not a list of two
         return _label_verdict(p, r, symbolic, level)
