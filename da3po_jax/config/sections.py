@@ -16,6 +16,7 @@ from typing import Any
 
 from da3po_jax.data.prompts import PLACEHOLDER, PROMPT_TEMPLATES
 from da3po_jax.data.readers import ANSWER_MODES
+from da3po_jax.data.suites import SuiteError, parse_suites
 from da3po_jax.models.config import (
     ATTENTION_CHOICES,
     DECODE_ATTENTION_CHOICES,
@@ -55,6 +56,14 @@ def _template(v) -> str | None:
     if v in PROMPT_TEMPLATES or (isinstance(v, str) and PLACEHOLDER in v):
         return None
     return f"must be one of {sorted(PROMPT_TEMPLATES)} or a string containing {PLACEHOLDER!r}"
+
+
+def _suites(v) -> str | None:
+    try:
+        parse_suites(v)
+    except SuiteError as e:
+        return f"has a bad suite: {e}"
+    return None
 
 
 def _buckets(v) -> str | None:
@@ -358,6 +367,12 @@ class EvalSettings:
     )
     log_samples: int = setting(
         4, "responses logged per eval (eval_samples.jsonl, TensorBoard text)", non_negative
+    )
+    suites: tuple[str, ...] = setting(
+        (),
+        'named held-out sets, one row each in every report: "NAME path=FILES [format=F] '
+        '[template=T] [k=N] [max_prompts=N]" (docs/evaluation.md)',
+        _suites,
     )
 
 

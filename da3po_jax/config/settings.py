@@ -30,6 +30,7 @@ from da3po_jax.config.sections import (
     TokenizerSettings,
     TrainSettings,
 )
+from da3po_jax.data.suites import EvalSuite, parse_suites
 from da3po_jax.rl import (
     AdvantageConfig,
     DAAConfig,
@@ -123,6 +124,33 @@ class Settings:
     def eval_max_new_tokens(self) -> int:
         """The eval length cap (`eval.max_new_tokens`, 0 = the rollout's)."""
         return self.eval.max_new_tokens or self.rollout.max_new_tokens
+
+    @property
+    def eval_suites(self) -> tuple[EvalSuite, ...]:
+        """The named held-out sets of `eval.suites`, each with its k (`eval.num_samples`
+        where the suite gives none)."""
+        return tuple(
+            dataclasses.replace(s, k=s.k or self.eval.num_samples)
+            for s in parse_suites(self.eval.suites)
+        )
+
+    @property
+    def has_heldout_set(self) -> bool:
+        """Whether the run has the unnamed held-out set (`data.eval_path`, the synthetic
+        held-out split or the TFDS eval split) beside its suites."""
+        d = self.data
+        if d.source == "synthetic":
+            return d.synthetic_eval > 0
+        return d.source == "tfds" or bool(d.eval_path)
+
+    @property
+    def eval_sample_counts(self) -> tuple[int, ...]:
+        """The distinct k of the run's evaluations (the held-out set's `eval.num_samples`
+        and each suite's), ascending: one eval program per k."""
+        ks = {s.k for s in self.eval_suites}
+        if self.has_heldout_set:
+            ks.add(self.eval.num_samples)
+        return tuple(sorted(ks))
 
     @property
     def updates_per_step(self) -> int:

@@ -418,7 +418,7 @@ def _json_array_rows(path: str) -> Iterator[tuple[int, int, Any]]:
     yield from ((i, i, row) for i, row in enumerate(rows))
 
 
-def _jsonl_rows(path: str) -> Iterator[tuple[int, int, Any]]:
+def jsonl_rows(path: str) -> Iterator[tuple[int, int, Any]]:
     """(1-based line number, 0-based line index, row or MalformedRow) of non-blank lines."""
     if _starts_with_bracket(path):
         yield from _json_array_rows(path)
@@ -456,7 +456,7 @@ def read_jsonl(
     """
     path = os.fspath(path)
     check_regular_file(path)
-    return collect_rows(_jsonl_rows(path), fields or FieldSpec(), path, max_reported)
+    return collect_rows(jsonl_rows(path), fields or FieldSpec(), path, max_reported)
 
 
 def check_regular_file(path: str) -> None:
@@ -495,7 +495,7 @@ def _import_pyarrow_parquet():
     return pq
 
 
-def _parquet_rows(path: str, batch_size: int) -> Iterator[tuple[int, int, Any]]:
+def parquet_rows(path: str, batch_size: int) -> Iterator[tuple[int, int, Any]]:
     """(0-based row index twice, row) of a Parquet file.
 
     Raises:
@@ -548,4 +548,4 @@ def read_parquet(
     path = os.fspath(path)
     _import_pyarrow_parquet()  # fail on the missing package before touching the file
     check_regular_file(path)
-    return collect_rows(_parquet_rows(path, batch_size), fields or FieldSpec(), path, max_reported)
+    return collect_rows(parquet_rows(path, batch_size), fields or FieldSpec(), path, max_reported)

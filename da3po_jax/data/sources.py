@@ -8,7 +8,15 @@ import dataclasses
 import glob
 import os
 
-from da3po_jax.data.readers import FieldSpec, ReadReport, ReadResult, read_jsonl, read_parquet
+from da3po_jax.data.readers import (
+    FieldSpec,
+    ReadReport,
+    ReadResult,
+    jsonl_rows,
+    parquet_rows,
+    read_jsonl,
+    read_parquet,
+)
 from da3po_jax.data.tfds_source import read_tfds
 
 
@@ -59,6 +67,23 @@ def load_problems(
 
 
 _READERS = {".jsonl": read_jsonl, ".json": read_jsonl, ".parquet": read_parquet}
+
+
+def first_row(source: str | os.PathLike) -> dict:
+    """The first row (as stored) of the first file of `source` (a path, folder or glob),
+    or {} when that row is not a JSON object or the file has none.
+
+    Raises:
+      FileNotFoundError: nothing matches `source`.
+      ValueError: an unsupported extension, or a file that cannot be read.
+    """
+    path = _expand(os.fspath(source))[0]
+    ext = os.path.splitext(path)[1]
+    if ext not in _READERS:
+        raise ValueError(f"{path}: unsupported extension {ext!r} (use one of {list(_READERS)})")
+    rows = parquet_rows(path, 1) if ext == ".parquet" else jsonl_rows(path)
+    row = next((r for _, _, r in rows), None)
+    return row if isinstance(row, dict) else {}
 
 
 def _expand(source: str) -> list[str]:
