@@ -156,16 +156,20 @@ def run_eval(
     Every refusal (bad `checkpoint`, no held-out problems, an unknown group field, `out`
     in the way) comes before anything is written."""
     from da3po_jax.parallel import is_main_process, make_mesh
-    from da3po_jax.run.evaluation import check_group_by, sample_records, summarize
+    from da3po_jax.run.evaluation import check_group_by, sample_records, suite_table
     from da3po_jax.run.inputs import load_datasets
     from da3po_jax.run.saved_run import flag_path
 
     source = resolve_checkpoint(_step_shorthand(flag_path("checkpoint", checkpoint)))
     settings = eval_config(config, source, dtype, group_by)
-    data = load_datasets(settings.data, settings.seed)
+    data = load_datasets(settings.data, settings.seed, settings.eval_suites)
     problems = data.heldout[: settings.eval.max_prompts or None]
+    problems += [p for s in data.suites for p in s.problems]
     if not problems:
-        raise EvalError("the config has no held-out problems (data.eval_path / synthetic_eval)")
+        raise EvalError(
+            "the config has no held-out problems (data.eval_path / synthetic_eval) and no "
+            "eval.suites"
+        )
     check_group_by(problems, settings.eval.group_by)
     if out:
         _check_out(os.path.abspath(out), source, overwrite)
@@ -176,16 +180,17 @@ def run_eval(
     _check_out(out, source, overwrite)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows, render = _generate(settings, out, tokenizer, data, mesh, policy, step)
+    metrics, rows, sets, render = _generate(settings, out, tokenizer, data, mesh, policy, step)
     seconds = time.perf_counter() - t1
-    k = settings.eval.num_samples
     report = {
         "checkpoint": source.folder or source.workdir,
         "step": step,
-        "k": k,
+        "k": settings.eval.num_samples,
         "group_by": settings.eval.group_by,
-        "num_prompts": len(problems),
-        "metrics": summarize(rows, k, settings.eval.group_by),
+        "num_prompts": sum(len(s.problems) for s in sets),
+        "heldout": any(not s.name for s in sets),
+        "suites": suite_table(metrics, sets),
+        "metrics": metrics,
         "settings": _report_settings(settings, policy, mesh),
         "seconds": {"load": round(load_s, 3), "generate_and_score": round(seconds, 3)},
         "out": out,
@@ -196,30 +201,38 @@ def run_eval(
 
 
 def _generate(settings: Settings, out: str, tokenizer, data, mesh, policy, step):
-    """(every held-out problem's `EvalRow` with its tokens, the prompt renderer), sampled
-    with the keys of the training loop's eval at `step` (a model folder: step 0)."""
+    """(metrics, every evaluated problem's `EvalRow` with its tokens, the sets evaluated,
+    the prompt renderer): each set sampled with the keys of the training loop's eval at
+    `step` (a model folder: step 0)."""
     import jax
     from flax import nnx
 
-    from da3po_jax.run.build import eval_engine, heldout_problems
+    from da3po_jax.run.build import eval_runs
     from da3po_jax.run.context import open_context
-    from da3po_jax.run.evaluation import generate
+    from da3po_jax.run.evaluation import evaluate_sets
     from da3po_jax.run.inputs import generate_configs
+    from da3po_jax.run.validate import usable_prompts
 
     gen = generate_configs(settings, tokenizer)[1]
     with open_context(settings, out, tokenizer, data, mesh) as ctx:
-        problems = heldout_problems(ctx)
+        # prompts longer than the largest bucket skipped (and named), as the run skips them
+        ctx = ctx.replace(data=usable_prompts(ctx.data, ctx.encoder))
         graphdef, params = nnx.split(policy)
-        engine = eval_engine(ctx, graphdef, policy.config, gen, problems)
-        log.info(
-            "evaluating %d prompts x %d samples on %d devices",
-            len(problems),
-            gen.num_samples,
-            mesh.size,
-        )
+        runs = eval_runs(ctx, graphdef, policy.config, gen)
+        for s, _ in runs:
+            log.info(
+                "evaluating %s: %d prompts x %d samples on %d devices",
+                s.title,
+                len(s.problems),
+                s.k,
+                mesh.size,
+            )
         rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed + 1), step or 0)
-        rows = generate(engine, params, problems, rng, keep_tokens=True, desc="eval")
-        return rows, ctx.encoder.render
+        metrics, rows_of = evaluate_sets(
+            runs, params, rng, settings.eval.group_by, keep_samples=True, desc="eval"
+        )
+        rows = [row for s, _ in runs for row in rows_of[s.name]]
+        return metrics, rows, [s for s, _ in runs], ctx.encoder.render
 
 
 def _report_settings(settings: Settings, policy, mesh) -> dict[str, Any]:
@@ -251,14 +264,27 @@ def write_report(out: str, report: dict[str, Any], records: list[dict[str, Any]]
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The table printed at the end: avg@k and pass@k overall and per group."""
-    k, m = report["k"], report["metrics"]
+    """The table printed at the end: avg@k and pass@k of the held-out set, overall and per
+    group, then one row per suite with their average (`format_suite_table`)."""
+    from da3po_jax.run.evaluation import format_suite_table
+
     step = report["step"]
     where = report["checkpoint"] + (f" (step {step})" if step is not None else "")
-    lines = [
-        f"{where}: {report['num_prompts']} prompts x {k} samples",
-        f"  {'':<20} avg@{k:<5} pass@{k}",
-    ]
+    lines = _heldout_lines(report, where) if report.get("heldout", True) else []
+    suites = report.get("suites")
+    if suites:
+        count = sum(r["num_prompts"] for r in suites[:-1])
+        lines += [f"{where}: {len(suites) - 1} eval suites, {count} prompts"]
+        lines.append(format_suite_table(suites))
+    lines.append(f"  report: {report['out']}")
+    return "\n".join(lines)
+
+
+def _heldout_lines(report: dict[str, Any], where: str) -> list[str]:
+    """The held-out set's rows of the printed table."""
+    k, m = report["k"], report["metrics"]
+    n = int(m["eval/num_prompts"])
+    lines = [f"{where}: {n} prompts x {k} samples", f"  {'':<20} avg@{k:<5} pass@{k}"]
     names = [""] + sorted(key.split("/", 2)[2] for key in m if key.startswith(f"eval/avg@{k}/"))
     for name in names:
         suffix = f"/{name}" if name else ""
@@ -266,9 +292,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  {name or 'all':<20} {avg:<9.3f} {passed:.3f}")
     lines.append(
         f"  mean response {m['eval/response_len']:.1f} tokens, "
-        f"{100 * m['eval/truncated_frac']:.1f}% truncated; report: {report['out']}"
+        f"{100 * m['eval/truncated_frac']:.1f}% truncated"
     )
-    return "\n".join(lines)
+    return lines
 
 
 def define_flags() -> dict[str, Any]:

@@ -102,6 +102,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "train.token_budget": 0,
     "daa.factor": 2.0,  # read only by the constant rule, which did not exist
     "loss.train_temperature": 1.0,  # runs before it trained the untempered policy
+    "eval.suites": (),
 }
 
 

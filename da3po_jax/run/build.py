@@ -25,7 +25,7 @@ from da3po_jax.rollout import (
     build_engine,
 )
 from da3po_jax.run.context import RunContext
-from da3po_jax.run.evaluation import HeldoutEval, check_group_by
+from da3po_jax.run.evaluation import EvalRun, EvalSet, HeldoutEval, check_group_by
 from da3po_jax.run.inputs import generate_configs
 from da3po_jax.run.loop import RLTrainer, StepPerf
 from da3po_jax.runtime import perf
@@ -118,9 +118,28 @@ def eval_engine(
     return make_engine(ctx, graphdef, model_config, gen, problems, size)
 
 
-def heldout_problems(ctx: RunContext) -> list[MathProblem]:
-    """The first `eval.max_prompts` held-out problems (0: all)."""
-    return ctx.data.heldout[: ctx.settings.eval.max_prompts or None]
+def eval_sets(ctx: RunContext) -> list[EvalSet]:
+    """The sets a run evaluates: the first `eval.max_prompts` held-out problems (0: all)
+    at k = `eval.num_samples`, then each suite of `eval.suites` (loaded with the data)."""
+    settings = ctx.settings
+    heldout = ctx.data.heldout[: settings.eval.max_prompts or None]
+    sets = [EvalSet("", "held-out", heldout, settings.eval.num_samples)] if heldout else []
+    for loaded in ctx.data.suites:
+        k = loaded.suite.k or settings.eval.num_samples
+        sets.append(EvalSet(loaded.suite.name, loaded.title, loaded.problems, k))
+    return sets
+
+
+def eval_runs(ctx: RunContext, graphdef, model_config, gen: GenerateConfig) -> list[EvalRun]:
+    """Each set of `eval_sets` with the engine that samples it: one engine per k (`gen`
+    with `num_samples` = k), its prompt length the longest of its sets' prompts, so a
+    run compiles one set of eval programs per k (what the planner counts)."""
+    sets = eval_sets(ctx)
+    engines = {}
+    for k in sorted({s.k for s in sets}):
+        problems = [p for s in sets if s.k == k for p in s.problems]
+        engines[k] = eval_engine(ctx, graphdef, model_config, gen.replace(num_samples=k), problems)
+    return [(s, engines[s.k]) for s in sets]
 
 
 def build_trainer(
@@ -188,17 +207,14 @@ def build_trainer(
 def heldout_eval(
     ctx: RunContext, graphdef, model_config, gen: GenerateConfig, on_samples=None
 ) -> HeldoutEval:
-    """The loop's periodic eval on the first `eval.max_prompts` held-out problems, through
-    an engine of the configured kind (its memory freed after each eval), grouped by
-    `eval.group_by`; `eval.log_samples` responses go to `on_samples(step, records)`."""
+    """The loop's periodic eval of every set (`eval_runs`), through engines of the
+    configured kind (their memory freed after each eval), grouped by `eval.group_by`;
+    `eval.log_samples` responses of each set go to `on_samples(step, records)`."""
     settings = ctx.settings
-    problems = heldout_problems(ctx)
-    if not problems:
-        return HeldoutEval(None, [], settings.seed)
-    check_group_by(problems, settings.eval.group_by)
+    runs = eval_runs(ctx, graphdef, model_config, gen)
+    check_group_by([p for s, _ in runs for p in s.problems], settings.eval.group_by)
     return HeldoutEval(
-        eval_engine(ctx, graphdef, model_config, gen, problems),
-        problems,
+        runs,
         settings.seed,
         by=settings.eval.group_by,
         tokenizer=ctx.tokenizer,

@@ -1,5 +1,9 @@
 """Held-out evaluation: avg@k (mean accuracy over k samples) and pass@k, overall and by
-group (the problems' tier by default, or their source or a dataset field).
+group (the problems' tier by default, or their source or a dataset field), for each set
+the run evaluates (`EvalSet`): its held-out set (metric keys `eval/avg@k`, ...) and each
+named suite of `eval.suites` (`eval/<name>/avg@k`, ...), with the suites' average
+(`eval/average/avg@k`, `eval/average/pass@k`: the mean of their columns, each at its own
+k, as a benchmark table's average).
 
 Evaluation runs through a rollout engine (`rollout/protocol.py`), the same kind as training's:
 prompts are admitted as the engine has room, prompt i sampled with the key
@@ -13,6 +17,7 @@ and the training loop logs).
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,11 +26,43 @@ import jax
 import numpy as np
 
 from da3po_jax.data import MathProblem
+from da3po_jax.data.suites import SUITE_KEY
 from da3po_jax.parallel import is_main_process, to_host
 from da3po_jax.rollout import RolloutEngine
 from da3po_jax.sampling import prompt_keys
 
 NO_GROUP = "(none)"  # the group of a problem without the field grouped by
+AVERAGE = "eval/average"  # the suites' average: <AVERAGE>/avg@k and <AVERAGE>/pass@k
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """One set an evaluation reports on.
+
+    Attributes:
+      name: "" for the run's held-out set (keys `eval/avg@k`, ...), else the suite's name
+        (keys `eval/<name>/avg@k`, ...).
+      title: what tables call it (`AIME 2024`).
+      problems: its problems.
+      k: samples per problem.
+    """
+
+    name: str
+    title: str
+    problems: list[MathProblem]
+    k: int
+
+    @property
+    def prefix(self) -> str:
+        """The start of the set's metric keys."""
+        return f"eval/{self.name}" if self.name else "eval"
+
+    def rng(self, rng: jax.Array) -> jax.Array:
+        """The set's sampling key: `rng` for the held-out set (as before suites existed),
+        folded with a digest of the name for a suite (adding a suite changes no other's)."""
+        if not self.name:
+            return rng
+        return jax.random.fold_in(rng, zlib.crc32(self.name.encode()) & 0x7FFFFFFF)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -94,28 +131,92 @@ def evaluate(
     return summarize(rows, engine.group_size, by)
 
 
-def summarize(rows: Sequence[EvalRow], k: int, by: str = "tier") -> dict[str, float]:
+def summarize(
+    rows: Sequence[EvalRow], k: int, by: str = "tier", prefix: str = "eval"
+) -> dict[str, float]:
     """The metrics of `rows`, overall and per group of `group_of(problem, by)` (no
     per-group keys when every problem is in the same group, or `by` is "").
 
     Returns:
-      `eval/avg@k`, `eval/pass@k`, `eval/avg@k/<group>`, `eval/pass@k/<group>`,
-      `eval/response_len`, `eval/truncated_frac`, `eval/num_prompts`.
+      `<prefix>/avg@k`, `<prefix>/pass@k`, `<prefix>/avg@k/<group>`,
+      `<prefix>/pass@k/<group>`, `<prefix>/response_len`, `<prefix>/truncated_frac`,
+      `<prefix>/num_prompts` (`prefix`: `EvalSet.prefix`).
     """
     acc = np.stack([r.correct for r in rows]) if rows else np.zeros((0, k))
     groups: dict[str, list[np.ndarray]] = defaultdict(list)
     for r, row in zip(rows, acc):
         groups[group_of(r.problem, by) if by else ""].append(row)
-    metrics = _summary(acc, k, "")
+    metrics = _summary(acc, k, prefix, "")
     if len(groups) > 1 or (len(groups) == 1 and "" not in groups):
         for name, group_rows in sorted(groups.items()):
-            metrics.update(_summary(np.stack(group_rows), k, f"/{name or NO_GROUP}"))
+            metrics.update(_summary(np.stack(group_rows), k, prefix, f"/{name or NO_GROUP}"))
     lengths = np.concatenate([r.lengths for r in rows]) if rows else np.zeros(0)
     truncated = np.concatenate([r.truncated for r in rows]) if rows else np.zeros(0)
-    metrics["eval/response_len"] = float(lengths.mean()) if rows else 0.0
-    metrics["eval/truncated_frac"] = float(truncated.mean()) if rows else 0.0
-    metrics["eval/num_prompts"] = float(len(rows))
+    metrics[f"{prefix}/response_len"] = float(lengths.mean()) if rows else 0.0
+    metrics[f"{prefix}/truncated_frac"] = float(truncated.mean()) if rows else 0.0
+    metrics[f"{prefix}/num_prompts"] = float(len(rows))
     return metrics
+
+
+def suite_average(metrics: dict[str, float], sets: Sequence[EvalSet]) -> dict[str, float]:
+    """`eval/average/avg@k` and `eval/average/pass@k`: the unweighted mean over the suites
+    of `sets` (not the held-out set) of their avg@k and pass@k, each at its own k; {}
+    without suites."""
+    suites = [s for s in sets if s.name and f"{s.prefix}/avg@{s.k}" in metrics]
+    if not suites:
+        return {}
+    return {
+        f"{AVERAGE}/{kind}@k": float(np.mean([metrics[f"{s.prefix}/{kind}@{s.k}"] for s in suites]))
+        for kind in ("avg", "pass")
+    }
+
+
+def suite_table(metrics: dict[str, float], sets: Sequence[EvalSet]) -> list[dict[str, Any]]:
+    """One row per suite of `sets` (name, title, k, avg, pass, prompts) and a last row
+    `average`, as a benchmark table reads; [] without suites or their metrics."""
+    rows = []
+    for s in sets:
+        if s.name and f"{s.prefix}/avg@{s.k}" in metrics:
+            rows.append(
+                {
+                    "name": s.name,
+                    "title": s.title,
+                    "k": s.k,
+                    "avg": metrics[f"{s.prefix}/avg@{s.k}"],
+                    "pass": metrics[f"{s.prefix}/pass@{s.k}"],
+                    "num_prompts": int(metrics[f"{s.prefix}/num_prompts"]),
+                }
+            )
+    if rows:
+        average = {
+            "name": "average",
+            "title": "Average",
+            "k": None,
+            "avg": metrics[f"{AVERAGE}/avg@k"],
+            "pass": metrics[f"{AVERAGE}/pass@k"],
+            "num_prompts": sum(r["num_prompts"] for r in rows),
+        }
+        rows.append(average)
+    return rows
+
+
+def format_suite_table(table: Sequence[dict[str, Any]]) -> str:
+    """`suite_table` as text: one line per benchmark (k, avg@k, pass@k, prompts), then the
+    same numbers as the two rows of a paper's table (percent, benchmarks as columns)."""
+    if not table:
+        return ""
+    lines = [f"  {'benchmark':<16} {'k':>3}  {'avg@k':>6}  {'pass@k':>6}  {'prompts':>7}"]
+    for r in table:
+        k = "" if r["k"] is None else str(r["k"])
+        lines.append(
+            f"  {r['title']:<16} {k:>3}  {r['avg']:>6.3f}  {r['pass']:>6.3f}  {r['num_prompts']:>7}"
+        )
+    head = " | ".join(r["title"] for r in table)
+    lines += ["", f"  | | {head} |", "  |" + "---|" * (len(table) + 1)]
+    for kind in ("avg", "pass"):
+        cells = " | ".join(f"{100 * r[kind]:.1f}" for r in table)
+        lines.append(f"  | {kind}@k | {cells} |")
+    return "\n".join(lines)
 
 
 def generate(
@@ -183,7 +284,8 @@ def sample_records(
 ) -> list[dict[str, Any]]:
     """The decoded responses of the rows that kept their tokens, one record per sample:
     problem id, prompt (as rendered by `render`, else the question), response, reference,
-    verdict (`correct`), reward, length, truncated, tier and source."""
+    verdict (`correct`), reward, length, truncated, tier, source and suite ("" for the
+    held-out set)."""
     out = []
     for r in rows:
         if r.tokens is None:
@@ -204,6 +306,7 @@ def sample_records(
                     "truncated": bool(r.truncated[g]),
                     "tier": p.tier,
                     "source": p.source,
+                    "suite": p.meta.get(SUITE_KEY, ""),
                 }
             )
     return out
@@ -223,27 +326,62 @@ def _progress_bar(total: int, desc: str):
     )
 
 
-def _summary(acc: np.ndarray, k: int, suffix: str) -> dict[str, float]:
+def _summary(acc: np.ndarray, k: int, prefix: str, suffix: str) -> dict[str, float]:
     if acc.size == 0:
         return {}
     passes = [pass_at_k(k, int(row.sum()), k) for row in acc]
     return {
-        f"eval/avg@{k}{suffix}": float(acc.mean()),
-        f"eval/pass@{k}{suffix}": float(np.mean(passes)),
+        f"{prefix}/avg@{k}{suffix}": float(acc.mean()),
+        f"{prefix}/pass@{k}{suffix}": float(np.mean(passes)),
     }
+
+
+EvalRun = tuple[EvalSet, RolloutEngine]  # a set and the engine that samples it
+
+
+def evaluate_sets(
+    runs: Sequence[EvalRun],
+    params,
+    rng: jax.Array,
+    by: str = "tier",
+    *,
+    keep_samples: bool | int = False,
+    desc: str = "",
+) -> tuple[dict[str, float], dict[str, list[EvalRow]]]:
+    """Every set of `runs` sampled (keys `EvalSet.rng(rng)`) and summarized under its
+    prefix, with the suites' average (`suite_average`).
+
+    Args:
+      keep_samples: keep the response tokens of every row (True), or of as many rows as
+        hold n samples (an int) in each set, for `sample_records`.
+      desc: the progress bars' name (the suite's name appended).
+
+    Returns:
+      (metrics, each set's `EvalRow`s by set name).
+    """
+    metrics: dict[str, float] = {}
+    rows_of: dict[str, list[EvalRow]] = {}
+    for s, engine in runs:
+        keep = keep_samples if keep_samples is True else -(-int(keep_samples) // s.k)
+        label = f"{desc} {s.name}" if desc and s.name else desc
+        rows = generate(engine, params, s.problems, s.rng(rng), keep_tokens=keep, desc=label)
+        metrics.update(summarize(rows, s.k, by, s.prefix))
+        rows_of[s.name] = rows
+    metrics.update(suite_average(metrics, [s for s, _ in runs]))
+    return metrics, rows_of
 
 
 @dataclasses.dataclass
 class HeldoutEval:
-    """The loop's periodic held-out evaluation: `evaluate` on fixed problems, the RNG
-    folded with the step so that a resumed run evaluates exactly as an uninterrupted one.
+    """The loop's periodic evaluation of every set (`evaluate_sets`) on fixed problems,
+    the RNG folded with the step so that a resumed run evaluates exactly as an
+    uninterrupted one.
 
-    With `log_samples` = n > 0 (and a `tokenizer`), n responses (those of the first
-    problems, all k of each) are decoded after each eval and passed to
+    With `log_samples` = n > 0 (and a `tokenizer`), n responses of each set (those of its
+    first problems, all k of each) are decoded after each eval and passed to
     `on_samples(step, records)` (`sample_records`)."""
 
-    engine: RolloutEngine | None
-    problems: list[MathProblem]
+    runs: list[EvalRun]
     seed: int
     by: str = "tier"
     tokenizer: Any = None
@@ -251,21 +389,21 @@ class HeldoutEval:
     log_samples: int = 0
     on_samples: Callable[[int, list[dict[str, Any]]], None] | None = None
 
+    @property
+    def sets(self) -> list[EvalSet]:
+        return [s for s, _ in self.runs]
+
     def __call__(self, params, step: int) -> dict[str, float]:
-        if not self.problems:
+        if not self.runs:
             return {}
         rng = jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), step)
         logged = self.log_samples if self.tokenizer is not None and self.on_samples else 0
-        k = self.engine.group_size
-        rows = generate(
-            self.engine,
-            params,
-            self.problems,
-            rng,
-            keep_tokens=-(-logged // k),
-            desc=f"eval at step {step}",
+        metrics, rows_of = evaluate_sets(
+            self.runs, params, rng, self.by, keep_samples=logged, desc=f"eval at step {step}"
         )
         if logged:
-            records = sample_records(rows, self.tokenizer, self.render)[:logged]
+            records = []
+            for s in self.sets:
+                records += sample_records(rows_of[s.name], self.tokenizer, self.render)[:logged]
             self.on_samples(step, records)
-        return summarize(rows, self.engine.group_size, self.by)
+        return metrics

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -26,6 +27,7 @@ from da3po_jax.data import (
     generate_split,
     load_problems,
 )
+from da3po_jax.data.suites import TEMPLATE_KEY, EvalSuite, LoadedSuite, describe, load_suite
 from da3po_jax.models import ModelConfig, Transformer, get_preset, init_model, load_model
 from da3po_jax.models.tokenizer import Tokenizer, build_bpe_tokenizer
 from da3po_jax.parallel import is_main_process, param_sharding
@@ -37,9 +39,13 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Datasets:
+    """A run's problems: RL prompts, the held-out set, SFT examples and the evaluation
+    suites (`eval.suites`), each with its own problems."""
+
     train: list[MathProblem]
     heldout: list[MathProblem]
     sft: list[MathProblem]
+    suites: tuple[LoadedSuite, ...] = ()
 
 
 def tokenizer_for(settings: Settings, workdir: str, staging: str | None = None) -> Tokenizer:
@@ -229,8 +235,23 @@ def _fields(d: DataSettings) -> FieldSpec:
     return FieldSpec(**kwargs)
 
 
-def load_datasets(d: DataSettings, seed: int) -> Datasets:
-    """Train / held-out / SFT problems for `d.source` (synthetic splits from `seed`)."""
+def load_datasets(d: DataSettings, seed: int, suites: Sequence[EvalSuite] = ()) -> Datasets:
+    """Train / held-out / SFT problems for `d.source` (synthetic splits from `seed`), and
+    the problems of the evaluation `suites` (`Settings.eval_suites`)."""
+    data = _splits(d, seed)
+    data.suites = tuple(_load_suite(suite, d) for suite in suites)
+    return data
+
+
+def _load_suite(suite: EvalSuite, d: DataSettings) -> LoadedSuite:
+    """A suite's problems; one without a known format reads the run's field settings and
+    gets the run's template."""
+    loaded = load_suite(suite, _fields(d), d.template)
+    log.info("eval suite %s", describe(loaded))
+    return loaded
+
+
+def _splits(d: DataSettings, seed: int) -> Datasets:
     if d.source == "synthetic":
         weights = dict(zip(TIERS, d.synthetic_tier_weights))
 
@@ -258,7 +279,8 @@ def prompt_renderer(settings: Settings, tokenizer: Tokenizer):
     system = settings.tokenizer.system_prompt or None
 
     def render(problem: MathProblem) -> str:
-        return render_question(tokenizer, problem.prompt, settings.data.template, system)
+        template = problem.meta.get(TEMPLATE_KEY) or settings.data.template  # a suite's own
+        return render_question(tokenizer, problem.prompt, template, system)
 
     return render
 

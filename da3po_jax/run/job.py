@@ -23,9 +23,9 @@ from flax import nnx
 from da3po_jax.config import Settings, resolve_settings
 from da3po_jax.parallel import is_main_process, make_mesh
 from da3po_jax.rollout import PromptEncoder
-from da3po_jax.run.build import build_trainer, eval_engine, heldout_problems
+from da3po_jax.run.build import build_trainer, eval_runs, eval_sets
 from da3po_jax.run.context import RunContext, open_context
-from da3po_jax.run.evaluation import evaluate
+from da3po_jax.run.evaluation import evaluate_sets, format_suite_table, suite_table
 from da3po_jax.run.inputs import (
     generate_configs,
     load_datasets,
@@ -74,12 +74,14 @@ def train(config, workdir: str) -> dict[str, Any]:
         encoder = PromptEncoder(
             tokenizer, prompt_renderer(settings, tokenizer), settings.rollout.buckets
         )
-        data = usable_prompts(load_datasets(settings.data, settings.seed), encoder)
+        loaded = load_datasets(settings.data, settings.seed, settings.eval_suites)
+        data = usable_prompts(loaded, encoder)
         log.info(
-            "data: %d train, %d held-out, %d sft problems",
+            "data: %d train, %d held-out, %d sft problems; %d eval suites",
             len(data.train),
             len(data.heldout),
             len(data.sft),
+            len(data.suites),
         )
         validate_run(settings, workdir, mesh, tokenizer, data, encoder)
         model = (
@@ -117,14 +119,14 @@ def _rl_stage(ctx: RunContext, model, accept) -> dict[str, Any]:
             teacher_eval = _teacher_eval(ctx, teacher)
     trainer = build_trainer(ctx, model, teacher, on_resumed=accept)
     try:
-        evals = trainer.run()
+        trainer.run()
     finally:
         trainer.close()
     if settings.train.export_final:
         policy = nnx.merge(trainer.update.graphdef, trainer.state.params)
         final = os.path.join(ctx.workdir, "final_model")
         export_policy(policy, final, tokenizer_dir(settings, ctx.workdir))
-    return _finish(settings, ctx.workdir, trainer, evals, teacher_eval)
+    return _finish(settings, ctx, trainer, teacher_eval)
 
 
 def _load_policy(settings: Settings, workdir: str, tokenizer, mesh):
@@ -173,15 +175,13 @@ def _teacher_eval(ctx: RunContext, teacher) -> dict[str, float]:
 
 
 def _heldout_eval(ctx: RunContext, model, desc: str = "eval") -> dict[str, float]:
+    """`model`'s metrics on every set the run evaluates (`build.eval_runs`)."""
     settings = ctx.settings
-    problems = heldout_problems(ctx)
-    if not problems:
-        return {}
     graphdef, params = nnx.split(model)
     gen = generate_configs(settings, ctx.tokenizer)[1]
-    engine = eval_engine(ctx, graphdef, model.config, gen, problems)
+    runs = eval_runs(ctx, graphdef, model.config, gen)
     rng = jax.random.PRNGKey(settings.seed + 1)
-    return evaluate(engine, params, problems, rng, settings.eval.group_by, desc)
+    return evaluate_sets(runs, params, rng, settings.eval.group_by, desc=desc)[0]
 
 
 def _sft_stage(ctx: RunContext) -> dict[str, Any]:
@@ -190,13 +190,16 @@ def _sft_stage(ctx: RunContext) -> dict[str, Any]:
     model = policy_model(settings.model, ctx.tokenizer, seed=settings.seed, mesh=ctx.mesh)
     model = sft_warm_start(ctx, model, out)
     summary: dict[str, Any] = {"sft_model": out}
-    if ctx.data.heldout:
+    if ctx.data.heldout or ctx.data.suites:
         summary["eval"] = _heldout_eval(ctx, model)
         log.info("SFT held-out: %s", summary["eval"])
     return summary
 
 
-def _finish(settings: Settings, workdir: str, trainer: RLTrainer, evals, teacher_eval=None):
+def _finish(settings: Settings, ctx: RunContext, trainer: RLTrainer, teacher_eval=None):
+    """summary.json: the first and last evals (and the suites' tables of each, one row per
+    benchmark), the teacher's eval and the curves' file; printed as a short table."""
+    workdir = ctx.workdir
     summary: dict[str, Any] = {"algo": settings.algo, "steps": int(trainer.state.step)}
     if teacher_eval:
         summary["teacher"] = teacher_eval
@@ -205,6 +208,13 @@ def _finish(settings: Settings, workdir: str, trainer: RLTrainer, evals, teacher
     if all_evals:
         summary["before"] = {k: v for k, v in all_evals[0].items() if k.startswith("eval/")}
         summary["after"] = {k: v for k, v in all_evals[-1].items() if k.startswith("eval/")}
+        sets = eval_sets(ctx)
+        tables = {when: suite_table(summary[when], sets) for when in ("before", "after")}
+        if tables["after"]:
+            summary["suites"] = {
+                when: {"step": row["step"], "table": tables[when]}
+                for when, row in (("before", all_evals[0]), ("after", all_evals[-1]))
+            }
     if is_main_process():
         summary["plot"] = plot_curves(metrics_path, os.path.join(workdir, "curves.png"))
         with open(os.path.join(workdir, "summary.json"), "w") as f:
@@ -223,4 +233,7 @@ def _print_summary(settings: Settings, summary: dict[str, Any]) -> None:
     teacher = summary.get("teacher", {})
     if f"eval/avg@{k}" in teacher:
         lines.append(f"  teacher eval/avg@{k}: {teacher[f'eval/avg@{k}']:.3f}")
+    for when, suites in summary.get("suites", {}).items():
+        table = format_suite_table(suites["table"])
+        lines += [f"eval suites {when} (step {suites['step']}):", table]
     print("\n".join(lines))

@@ -198,12 +198,20 @@ class RLTrainer:
 
 
 def eval_line(metrics: dict[str, float], k: int) -> str:
-    """`eval/avg@k=0.xxx {tier: value, ...}` for the log."""
+    """`eval/avg@k=0.xxx {tier: value, ...}` for the log, then each suite's avg@k and
+    their average (`<name> avg@k=0.xxx`)."""
     key = f"eval/avg@{k}"
-    tiers = {
-        n.rsplit("/", 1)[-1]: round(v, 3) for n, v in metrics.items() if n.startswith(key + "/")
-    }
-    return f"{key}={metrics[key]:.3f} {tiers}"
+    parts = []
+    if key in metrics:
+        tiers = {
+            n.rsplit("/", 1)[-1]: round(v, 3) for n, v in metrics.items() if n.startswith(key + "/")
+        }
+        parts.append(f"{key}={metrics[key]:.3f} {tiers}")
+    for name, value in metrics.items():
+        suite, _, rest = name.removeprefix("eval/").partition("/")
+        if name.startswith("eval/") and rest.startswith("avg@") and "/" not in rest:
+            parts.append(f"{suite} {rest}={value:.3f}")
+    return "; ".join(parts)
 
 
 def restore_run(checkpointer: Checkpointer, settings: Settings, state, carry, collector: Collector):

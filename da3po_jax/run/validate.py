@@ -13,6 +13,7 @@ the run), and a refusal then still leaves the workdir as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -44,40 +45,47 @@ def workdir_path(workdir: str) -> str:
 
 
 def usable_prompts(data: Datasets, encoder: PromptEncoder) -> Datasets:
-    """`data` without the training and held-out prompts longer than the largest prompt
-    bucket (`rollout.prompt_buckets`): skipped and counted like malformed rows, the first
-    few named (file and row id). Refused only when a split that had prompts has none left.
+    """`data` without the training, held-out and suite prompts longer than the largest
+    prompt bucket (`rollout.prompt_buckets`): skipped and counted like malformed rows, the
+    first few named (file and row id). Refused only when a split or suite that had
+    prompts has none left.
     """
+    kept = {split: _fitting(getattr(data, split), split, encoder) for split in ("train", "heldout")}
+    suites = tuple(
+        dataclasses.replace(s, problems=_fitting(s.problems, f"eval suite {s.suite.name}", encoder))
+        for s in data.suites
+    )
+    return Datasets(kept["train"], kept["heldout"], data.sft, suites)
+
+
+def _fitting(problems: list[MathProblem], split: str, encoder: PromptEncoder) -> list[MathProblem]:
+    """The problems of `split` whose prompt fits the largest bucket (see `usable_prompts`)."""
     limit = max(encoder.buckets)
-    kept = {}
-    for split in ("train", "heldout"):
-        problems: list[MathProblem] = getattr(data, split)
-        fit = [p for p in problems if len(encoder.ids(p)) <= limit]
-        dropped = [p for p in problems if len(encoder.ids(p)) > limit]
-        if dropped:
-            named = ", ".join(
-                f"{p.source or 'synthetic'} row {p.id!r} ({len(encoder.ids(p))} tokens)"
-                for p in dropped[:REPORTED]
-            )
-            log.warning(
-                "%s data: skipped %d of %d prompts longer than the largest prompt bucket, "
-                "%d tokens (rollout.prompt_buckets): %s%s",
-                split,
-                len(dropped),
-                len(problems),
-                limit,
-                named,
-                ", ..." if len(dropped) > REPORTED else "",
-            )
-        if problems and not fit:
-            raise ValueError(
-                f"every one of the {len(problems)} {split} prompts is longer than the largest "
-                f"prompt bucket, {limit} tokens (rollout.prompt_buckets), e.g. "
-                f"{dropped[0].source or 'synthetic'} row {dropped[0].id!r} "
-                f"({len(encoder.ids(dropped[0]))} tokens)"
-            )
-        kept[split] = fit
-    return Datasets(kept["train"], kept["heldout"], data.sft)
+    fit = [p for p in problems if len(encoder.ids(p)) <= limit]
+    dropped = [p for p in problems if len(encoder.ids(p)) > limit]
+    if dropped:
+        named = ", ".join(
+            f"{p.source or 'synthetic'} row {p.id!r} ({len(encoder.ids(p))} tokens)"
+            for p in dropped[:REPORTED]
+        )
+        log.warning(
+            "%s data: skipped %d of %d prompts longer than the largest prompt bucket, "
+            "%d tokens (rollout.prompt_buckets): %s%s",
+            split,
+            len(dropped),
+            len(problems),
+            limit,
+            named,
+            ", ..." if len(dropped) > REPORTED else "",
+        )
+    if problems and not fit:
+        raise ValueError(
+            f"every one of the {len(problems)} {split} prompts is longer than the largest "
+            f"prompt bucket, {limit} tokens (rollout.prompt_buckets), e.g. "
+            f"{dropped[0].source or 'synthetic'} row {dropped[0].id!r} "
+            f"({len(encoder.ids(dropped[0]))} tokens)"
+        )
+    return fit
 
 
 def validate_run(
@@ -111,7 +119,8 @@ def check_policy_context(
     model_config = policy_config(settings.model, tokenizer, path)
     where = model_origin(settings.model, path)
     train = encoder.bucket(data.train) if data.train else 0
-    heldout = encoder.bucket(data.heldout) if data.heldout else 0
+    evaluated = data.heldout + [p for s in data.suites for p in s.problems]
+    heldout = encoder.bucket(evaluated) if evaluated else 0
     check_context(settings, model_config, train, heldout, where)
 
 

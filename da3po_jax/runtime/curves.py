@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -17,7 +18,9 @@ class CurvePanel(NamedTuple):
 
     A key ending in `*` stands for every key with that prefix (the held-out avg@k overall
     and per tier); among those, a key with no further `/` (the overall value) is drawn
-    thicker than its per-tier siblings.
+    thicker than its per-tier siblings. A key with a `*` before its end is a pattern of
+    `/`-separated parts, each `*` matching within one part (`eval/*/avg@*`: each suite's
+    avg@k, not its per-tier values); the suites' average is drawn thicker.
     """
 
     title: str
@@ -28,6 +31,7 @@ class CurvePanel(NamedTuple):
 CURVE_PANELS: tuple[CurvePanel, ...] = (
     CurvePanel("training rollouts: reward / accuracy", ("reward/mean", "reward/acc"), ("train",)),
     CurvePanel("held-out avg@k", ("eval/avg@*",), ("eval",)),
+    CurvePanel("eval suites avg@k", ("eval/*/avg@*",), ("eval",)),
     CurvePanel("loss", ("loss/total", "loss/pg", "sft/loss"), ("train", "sft")),
     CurvePanel("KL", ("loss/approx_kl", "loss/kl_ref", "opd/reverse_kl"), ("train",)),
     CurvePanel("entropy", ("loss/entropy",), ("train",)),
@@ -77,6 +81,9 @@ def _value(v: Any) -> float | None:
 def _matches(pattern: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The keys of `rows` that `pattern` names: itself, or for `prefix*` every key with
     that prefix, the overall keys (no further `/`) first, then the rest by name."""
+    if "*" in pattern[:-1]:
+        parts = re.compile("[^/]*".join(re.escape(p) for p in pattern.split("*")))
+        return sorted({k for r in rows for k in r if parts.fullmatch(k)})
     if not pattern.endswith("*"):
         return [pattern]
     prefix = pattern[:-1]
@@ -97,7 +104,9 @@ def _series(panel: CurvePanel, rows: Sequence[Mapping[str, Any]]) -> list[_Serie
             )
             if not pts:
                 continue
-            if not pattern.endswith("*"):
+            if "*" in pattern[:-1]:
+                width = 2.5 if key.startswith("eval/average/") else 1.5
+            elif not pattern.endswith("*"):
                 width = 1.5
             else:  # an overall value above its per-tier breakdown
                 width = 1.0 if "/" in key[len(pattern) - 1 :] else 2.5

@@ -189,12 +189,12 @@ def test_the_command_prints_the_table(run, tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == f"{run.workdir} (step 1): 8 prompts x {K} samples"
     assert lines[1].split() == [f"avg@{K}", f"pass@{K}"]
-    assert lines[2].split()[0] == "all" and {ln.split()[0] for ln in lines[3:-1]} <= {
+    assert lines[2].split()[0] == "all" and {ln.split()[0] for ln in lines[3:-2]} <= {
         "easy",
         "medium",
         "hard",
     }
-    assert lines[-1].endswith(f"report: {out}")
+    assert lines[-2].startswith("  mean response") and lines[-1] == f"  report: {out}"
     assert os.path.isfile(os.path.join(out, "report.json"))
     again = eval_command(f"--checkpoint={run.workdir}", f"--out={out}")
     assert again.returncode == 1
