@@ -138,7 +138,7 @@ def test_trainer_keeps_only_what_the_planner_counts(tmp_path):
     no array has a KV cache's shape."""
     live = LiveBytes()
     trainer, plan, resident = _micro_trainer(tmp_path, "static")
-    samplers = [trainer.collector.engine.sampler, trainer._evaluate.engine.sampler]
+    samplers = [trainer.collector.engine.sampler, trainer._evaluate.runs[0][1].sampler]
     cache_shapes: set[tuple[int, ...]] = set()
     held: list[tuple[int, int]] = []  # (caches held, their bytes) after each generate call
 
@@ -208,7 +208,7 @@ def test_continuous_engine_frees_its_slots_before_the_update(tmp_path):
     and the live bytes are the planner's resident part."""
     live = LiveBytes()
     trainer, plan, resident = _micro_trainer(tmp_path, "continuous")
-    decoders = [trainer.collector.engine.decoder, trainer._evaluate.engine.decoder]
+    decoders = [trainer.collector.engine.decoder, trainer._evaluate.runs[0][1].decoder]
     held: list[int] = []
     for decoder in decoders:
         step = decoder.step
