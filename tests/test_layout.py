@@ -40,7 +40,7 @@ ALLOWED = {
 }
 # compile/ lowers the run's programs through the trainer's own builders (run/)
 ALLOWED["compile"] = (ALLOWED["run"] - {"rewards", "data"}) | {"run"}
-COMMANDS = ("main", "eval", "export", "sample", "plan", "cli")  # thin CLIs over every layer
+COMMANDS = ("main", "eval", "export", "sample", "plan", "prepare", "cli")  # CLIs over every layer
 
 
 def _modules() -> dict[str, str]:
