@@ -295,19 +295,22 @@ def _decode_weights(run: _Run) -> int:
 
 
 def _rollout_phase(run: _Run) -> dict[str, int]:
-    """The larger of the rollout and eval caches with its work buffers, and the rows and
-    slots of each (the continuous engine's slots serve rollout and eval alike)."""
+    """The largest of the rollout and eval caches (one per k of `eval_sample_counts`) with
+    its work buffers, and the rows and slots of each (eval: the largest k's)."""
     settings = run.settings
     rollout, per_call = settings.rollout, settings.eval.prompts_per_call
     g, tn = rollout.group_size, rollout.max_new_tokens
-    eval_g, eval_tn = settings.eval.num_samples, settings.eval_max_new_tokens
+    eval_ks = settings.eval_sample_counts or (settings.eval.num_samples,)
+    eval_tn = settings.eval_max_new_tokens
     if rollout.engine == "continuous":
-        roll, ev = _slot_bytes(run, g, tn), _slot_bytes(run, eval_g, eval_tn)
+        roll = _slot_bytes(run, g, tn)
+        evals = [_slot_bytes(run, k, eval_tn) for k in eval_ks]
         rows = {"rollout_rows": rollout.slots, "eval_rows": rollout.slots}
     else:
         roll = _cache_bytes(run, settings.round_size, g, tn)
-        ev = _cache_bytes(run, per_call, eval_g, eval_tn)
-        rows = {"rollout_rows": settings.round_size * g, "eval_rows": per_call * eval_g}
+        evals = [_cache_bytes(run, per_call, k, eval_tn) for k in eval_ks]
+        rows = {"rollout_rows": settings.round_size * g, "eval_rows": per_call * max(eval_ks)}
+    ev = max(evals, key=lambda e: e[:2])
     kv, work, _ = roll if roll[0] >= ev[0] else ev
     return {
         "kv_cache": kv,

@@ -7,8 +7,8 @@ arguments each jitted program is called with (their shapes and dtypes, leaf by l
 `jit(...).trace` sees them); `check_planned_programs` then traces the planner's programs
 for the same settings, model and prompt length and requires every one the run uses to
 take exactly the arguments of a real call: the update and the dynamic-sampling round
-(one shape for all their calls), and the engine's generate programs (the rollout's, and
-the static engine's eval, among the real calls).
+(one shape for all their calls), and the engine's generate programs (the rollout's and,
+when the run evaluates, the eval's of each k, among the real calls).
 
 Runs that check it (sharing their training run): the continuous engine
 (`tests/train/test_continuous_engine.py: test_da3po_trains_through_the_continuous_engine`),
@@ -135,20 +135,26 @@ def check_planned_programs(recorder: ProgramRecorder, config) -> None:
     calls = recorder.calls
     update = "update_packed" if "update_packed" in plan else "update_padded"
     static = "sampler" in plan
-    generate = {"sampler", "eval_generate"} if static else {"admit_groups", "decode_steps"}
-    assert set(plan) == {update, "ds_round"} | generate
+    generate = {"sampler"} if static else {"admit_groups", "decode_steps"}
+    evals = {name for name in plan if name.startswith("eval_")}
+    assert set(plan) == {update, "ds_round"} | generate | evals
+    evaluates = bool(resolve_settings(config).train.eval_every)
+    assert bool(evals) == evaluates, sorted(plan)
     # one shape for every call of the update and of the dynamic-sampling round
     assert calls["update"] == {plan[update]}, _diff(plan[update], calls["update"])
     assert calls["ds_round"] == {plan["ds_round"]}, _diff(plan["ds_round"], calls["ds_round"])
-    # the generate programs: the rollout's (and the static eval's) among the real calls
+    # the generate programs: the rollout's and the eval's among the real calls
     real = {
         "sampler": "generate",
         "eval_generate": "generate",
         "admit_groups": "admit_groups",
         "decode_steps": "decode_steps",
+        "eval_admit_groups": "admit_groups",
+        "eval_decode_steps": "decode_steps",
     }
-    for name in generate:
-        assert plan[name] in calls[real[name]], _diff(plan[name], calls[real[name]])
+    for name in generate | evals:
+        key = real[name.partition("@")[0]]
+        assert plan[name] in calls[key], _diff(plan[name], calls[key])
 
 
 def _diff(planned_sig: Signature, real: set[Signature]) -> str:

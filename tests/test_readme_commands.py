@@ -157,13 +157,16 @@ COMMANDS: dict[str, Run] = {
     "--config.model.path=/data/Qwen3-1.7B --config.teacher.path=/data/Qwen3-8B "
     "--config.data.train_path=/data/dapo-math-17k.parquet "
     "--workdir=/data/runs/qwen_opd": Run("qwen_opd", "qwen_opd", REAL, extended=True),
-    # --- meshes (8 simulated CPU devices) and the planner
+    # --- meshes (8 simulated CPU devices) and the planner; FSDP over 8 devices and the
+    # planner's command are extended (CI time): the (1, 4, 2) command runs FSDP and tensor
+    # parallelism together, tests/parallel runs FSDP meshes, test_plan the planner
     "python -m da3po_jax.main --config=configs/qwen_math.py --config.mesh.shape=1,-1,1 ...": Run(
         "mesh_fsdp",
         "mesh_fsdp",
         REAL,
         replace=(("...", QWEN_MATH_REST + "_fsdp"),),
         env=EIGHT_DEVICES,
+        extended=True,
     ),
     "python -m da3po_jax.main --config=configs/qwen_math.py --config.mesh.shape=1,4,2 ...": Run(
         "mesh_fsdp_tensor",
@@ -173,7 +176,7 @@ COMMANDS: dict[str, Run] = {
         env=EIGHT_DEVICES,
     ),
     "python -m da3po_jax.plan --config=configs/qwen_math.py --config.mesh.shape=1,8,1 "
-    "--device=h100": Run("plan", "plan", expect="PEAK", slow=False),
+    "--device=h100": Run("plan", "plan", expect="PEAK", slow=False, extended=True),
     # --- compiling for TPUs without a TPU (libtpu): the tiny run, one small program
     "python -m da3po_jax.plan --config=configs/qwen_math_1p5b_v5e8.py --compile=v5e-8": Run(
         "compile_v5e8",

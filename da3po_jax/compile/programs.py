@@ -11,7 +11,15 @@ abstract (`jax.ShapeDtypeStruct`s carrying a `NamedSharding`), so nothing is all
 - `sampler`, `eval_generate` (`rollout.engine=static`): `sampling.generate_with_cache`,
   prefill and decode loop, for a rollout round and for an eval call;
 - `admit_groups`, `decode_steps` (`rollout.engine=continuous`): the continuous engine's
-  admission prefill and its K decode steps.
+  admission prefill and its K decode steps; `eval_admit_groups`, `eval_decode_steps` the
+  same for an evaluation, on the same `rollout.slots`.
+
+An evaluation samples with its own `GenerateConfig` (k samples per problem, the eval
+temperature, top-p and length cap), a static argument of the generate programs, so each
+distinct k of the run (`Settings.eval_sample_counts`: the held-out set's and each
+suite's; `eval.num_samples` when a recipe names neither) is a program of its own:
+`eval_generate` etc. when the run has one k, `eval_generate@k32` etc. when it has
+several; not `used` when the run never evaluates (`train.eval_every = 0`).
 
 Both update variants and both engines are built for every run; `used` marks the run's
 own, which `plan --compile` compiles unless `--programs` names others (or `all`).
@@ -57,9 +65,22 @@ from da3po_jax.update import PackConfig, PolicyUpdate
 from da3po_jax.update.packing import empty_plan
 from da3po_jax.update.state import TrainState, make_optimizer
 
-# the programs that generate (static and continuous engines): each reads its own gathered
-# copy of the weights with `rollout.gather_weights` (`sampling.sampler.decode_weights`)
-GENERATE_PROGRAMS = ("sampler", "eval_generate", "admit_groups", "decode_steps")
+# the programs that generate (static and continuous engines), by name before any `@k`:
+# each reads its own gathered copy of the weights with `rollout.gather_weights`
+# (`sampling.sampler.decode_weights`)
+GENERATE_PROGRAMS = (
+    "sampler",
+    "eval_generate",
+    "admit_groups",
+    "decode_steps",
+    "eval_admit_groups",
+    "eval_decode_steps",
+)
+
+
+def generates(name: str) -> bool:
+    """Whether the program `name` is one of `GENERATE_PROGRAMS` (an eval one for any k)."""
+    return name.partition("@")[0] in GENERATE_PROGRAMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,8 +271,19 @@ def _generate_program(
 
 
 def _continuous_programs(
-    settings: Settings, a: Abstract, model_config, gen: GenerateConfig, tp, mesh, used
+    settings: Settings,
+    a: Abstract,
+    model_config,
+    gen: GenerateConfig,
+    tp,
+    mesh,
+    used,
+    prefix: str = "",
+    suffix: str = "",
 ) -> list[Program]:
+    """`admit_groups` and `decode_steps` on the engine's slots as `run/build.py:
+    make_engine` builds it for `gen` (`rollout.slots`, whatever the samples per prompt),
+    named `<prefix>admit_groups<suffix>` etc."""
     rollout = settings.rollout
     slot_config = continuous.SlotConfig(
         rollout.slots, tp, rollout.steps_per_call, rollout.attention_block
@@ -273,9 +305,43 @@ def _continuous_programs(
         )
 
     return [
-        Program("admit_groups", used, trace_admit, ("params",)),
-        Program("decode_steps", used, trace_decode, ("params",)),
+        Program(f"{prefix}admit_groups{suffix}", used, trace_admit, ("params",)),
+        Program(f"{prefix}decode_steps{suffix}", used, trace_decode, ("params",)),
     ]
+
+
+def _eval_programs(
+    settings: Settings, a: Abstract, model_config, eval_gen: GenerateConfig, tp, mesh
+) -> list[Program]:
+    """The evaluation's generate programs, one set per distinct k (see the module doc):
+    `eval_generate` (static engine: `eval.prompts_per_call` prompts per call, the planner's
+    upper bound on `run/build.py: eval_engine`'s), `eval_admit_groups` and
+    `eval_decode_steps` (continuous); used when the run evaluates (`train.eval_every`)."""
+    static = settings.rollout.engine == "static"
+    evaluates = bool(settings.train.eval_every)
+    # a recipe that leaves its held-out file to the command line is planned with one
+    ks = settings.eval_sample_counts or (settings.eval.num_samples,)
+    programs = []
+    for k in ks:
+        gen = eval_gen.replace(num_samples=k)
+        suffix = f"@k{k}" if len(ks) > 1 else ""
+        per_call = settings.eval.prompts_per_call
+        programs.append(
+            _generate_program(
+                f"eval_generate{suffix}",
+                a,
+                model_config,
+                gen,
+                per_call,
+                tp,
+                mesh,
+                static and evaluates,
+            )
+        )
+        programs += _continuous_programs(
+            settings, a, model_config, gen, tp, mesh, not static and evaluates, "eval_", suffix
+        )
+    return programs
 
 
 def run_programs(
@@ -305,17 +371,8 @@ def run_programs(
         _generate_program(
             "sampler", a, model_config, gen, settings.round_size, prompt_len, mesh, static
         ),
-        _generate_program(
-            "eval_generate",
-            a,
-            model_config,
-            eval_gen,
-            settings.eval.prompts_per_call,
-            prompt_len,
-            mesh,
-            static,
-        ),
         *_continuous_programs(settings, a, model_config, gen, prompt_len, mesh, not static),
+        *_eval_programs(settings, a, model_config, eval_gen, prompt_len, mesh),
     ]
     return a, programs
 

@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 
 from da3po_jax.compile.programs import (
-    GENERATE_PROGRAMS,
     Abstract,
     Program,
+    generates,
     lowering_for,
     run_programs,
     select,
@@ -309,9 +309,8 @@ def _components(
     """Compiled beside planned bytes: resident state, train phase and rollout phase."""
     by_name = {c.name: c for c in compiled if c.ok and not lowered_only}
     update = by_name.get("update_packed" if settings.rl.packing else "update_padded")
-    static = ("sampler", "eval_generate")
-    gen_names = static if settings.rollout.engine == "static" else ("admit_groups", "decode_steps")
-    gens = [by_name[n] for n in gen_names if n in by_name]
+    # the run's own generate programs, rollout and eval (every k)
+    gens = [c for c in by_name.values() if c.used and generates(c.name)]
     compiled_rollout = max((c.peak_bytes - resident["params"] for c in gens), default=None)
     compiled_train = None
     if update is not None:
@@ -337,7 +336,7 @@ def _components(
 def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[str, Any]:
     """Involuntary full rematerializations and parameter all-gathers larger than one layer
     (in the generate programs too unless they gather the whole model by design,
-    `GENERATE_PROGRAMS` with `rollout.gather_weights`)."""
+    `programs.GENERATE_PROGRAMS` with `rollout.gather_weights`)."""
     checks = {
         "full_remats": {c.name: c.full_remats for c in compiled if c.full_remats},
         "one_layer_bytes": bound,
@@ -347,8 +346,7 @@ def _checks(compiled: list[Compiled], bound: int, whole_model_ok: bool) -> dict[
         "gathers_beyond_one_layer": [
             c.name
             for c in compiled
-            if c.largest_param_gather_bytes > bound
-            and not (whole_model_ok and c.name in GENERATE_PROGRAMS)
+            if c.largest_param_gather_bytes > bound and not (whole_model_ok and generates(c.name))
         ],
     }
     return checks
@@ -437,19 +435,19 @@ def compile_run(
 def table(report: dict[str, Any]) -> str:
     """The report as readable text."""
     lines = [report["describe"], f"mesh (data, fsdp, tensor) = {tuple(report['mesh'])}"]
-    head = f"{'program':<16}{'used':>5}{'compile s':>10}{'args':>9}{'out':>9}{'temp':>9}"
+    head = f"{'program':<24}{'used':>5}{'compile s':>10}{'args':>9}{'out':>9}{'temp':>9}"
     lines += [head + f"{'code':>8}{'alias':>9}{'GFLOP':>10}{'GB acc':>9}  (GiB per device)"]
     for name, p in report["programs"].items():
         used = "*" if p["used"] else ""
         if "error" in p:
-            lines.append(f"{name:<16}{used:>5}  FAILED: {p['error'][:200]}")
+            lines.append(f"{name:<24}{used:>5}  FAILED: {p['error'][:200]}")
             continue
         if not report["compiled"]:
-            lines.append(f"{name:<16}{used:>5}{p['compile_s']:>10.1f}  lowered")
+            lines.append(f"{name:<24}{used:>5}{p['compile_s']:>10.1f}  lowered")
             continue
         gib = [p[k] / GiB for k in (*_MEMORY_KEYS, "alias_bytes")]
         lines.append(
-            f"{name:<16}{used:>5}{p['compile_s']:>10.1f}{gib[0]:>9.2f}{gib[1]:>9.2f}"
+            f"{name:<24}{used:>5}{p['compile_s']:>10.1f}{gib[0]:>9.2f}{gib[1]:>9.2f}"
             f"{gib[2]:>9.2f}{gib[3]:>8.3f}{gib[4]:>9.2f}{p['flops'] / 1e9:>10.1f}"
             f"{p['bytes_accessed'] / 1e9:>9.2f}"
         )

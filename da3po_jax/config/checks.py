@@ -57,11 +57,13 @@ def _check_batch_shapes(settings: Settings) -> None:
             f"config.ds.max_prompts={settings.ds.max_prompts} must be >= "
             f"config.rl.train_prompts={rl.train_prompts} (prompts admitted per step at most)"
         )
-    samples = max(settings.rollout.group_size, settings.eval.num_samples)
+    samples = max(
+        settings.rollout.group_size, settings.eval.num_samples, *settings.eval_sample_counts
+    )
     if ENGINES.get(settings.rollout.engine).uses_slots and settings.rollout.slots < samples:
         raise ValueError(
             f"config.rollout.slots={settings.rollout.slots} must be >= {samples} (one group: "
-            "rollout.group_size and eval.num_samples samples)"
+            "rollout.group_size, eval.num_samples and each eval suite's k samples)"
         )
     _check_partial(settings)
 

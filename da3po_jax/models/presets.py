@@ -38,7 +38,7 @@ def _qwen2(hidden, inter, layers, heads, kv, vocab=151936, tied=True, theta=1e6,
     )
 
 
-def _qwen3(hidden, inter, layers, heads, kv, tied=True):
+def _qwen3(hidden, inter, layers, heads, kv, tied=True, max_pos=32768):
     return ModelConfig(
         model_type="qwen3",
         vocab_size=151936,
@@ -52,7 +52,7 @@ def _qwen3(hidden, inter, layers, heads, kv, tied=True):
         rms_norm_eps=1e-6,
         tie_word_embeddings=tied,
         qk_norm=True,
-        max_position_embeddings=40960,
+        max_position_embeddings=max_pos,
     )
 
 
@@ -82,8 +82,10 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-math-7b": _qwen2(
         3584, 18944, 28, 28, 4, vocab=152064, tied=False, theta=10000.0, max_pos=4096
     ),
-    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 8),
-    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8),
+    # the post-trained models' config.json say 40960 positions
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 8, max_pos=40960),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8, max_pos=40960),
+    # the -Base models' (the DA3PO paper's policies, configs/da3po_qwen3_*.py): 32768
     "qwen3-4b": _qwen3(2560, 9728, 36, 32, 8),
     "qwen3-8b": _qwen3(4096, 12288, 36, 32, 8, tied=False),
     "llama-3.2-1b": _llama32(2048, 16, 32, 64),

@@ -31,6 +31,8 @@ PROGRAMS = {
     "eval_generate",
     "admit_groups",
     "decode_steps",
+    "eval_admit_groups",
+    "eval_decode_steps",
 }
 
 
@@ -122,7 +124,7 @@ def _check(report: dict, used: set[str]) -> None:
     assert report["planned_peak_gib"] > 0 and report["roofline"]["step_s"] > 0
     # splash (with the packing's segment ids) is a Mosaic kernel in the updates, and the
     # ragged kernel in the continuous decode step
-    for name in used & {"update_packed", "update_padded", "decode_steps"}:
+    for name in used & {"update_packed", "update_padded", "decode_steps", "eval_decode_steps"}:
         assert report["programs"][name]["kernels"] > 0, name
     assert not report["checks"]["full_remats"], report["checks"]
     assert not report["checks"]["gathers_beyond_one_layer"], report["checks"]
@@ -149,7 +151,8 @@ def test_the_tiny_run_compiles_for_two_hosts_with_the_continuous_engine():
         "--config.rl.packing=False",
     )
     assert "2 hosts" in report["describe"] and report["mesh"] == [2, 4, 1]
-    _check(report, {"update_padded", "ds_round", "admit_groups", "decode_steps"})
+    programs = {"admit_groups", "decode_steps", "eval_admit_groups", "eval_decode_steps"}
+    _check(report, {"update_padded", "ds_round"} | programs)
 
 
 @needs_libtpu
@@ -185,3 +188,74 @@ def test_the_tiny_run_lowers_for_an_8_gpu_node():
     assert report["compiled"] is False and report["fits"] is None
     assert set(report["programs"]) == PROGRAMS and not report["failed"]
     assert report["compiled_peak_gib"] is None and report["planned_peak_gib"] > 0
+
+
+def _tiny_programs(engine: str, *suites: str, **overrides):
+    """(settings, programs) of the tiny run with `suites` on one CPU device."""
+    from da3po_jax.compile import run_programs
+    from da3po_jax.config import resolve_settings
+    from da3po_jax.run.model_shapes import policy_config
+
+    sys.path.insert(0, str(ROOT / "configs"))
+    import tiny_math
+
+    config = tiny_math.get_config()
+    config.rollout.engine = engine
+    config.eval.suites = suites
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        setattr(config[section], field, value)
+    settings = resolve_settings(config, inputs=False)
+    tp = max(settings.rollout.prompt_buckets)
+    _, programs = run_programs(settings, policy_config(settings), _cpu_mesh(), prompt_len=tp)
+    return settings, {p.name: p for p in programs}
+
+
+@pytest.mark.parametrize("engine", ["continuous", "static"])
+def test_each_eval_k_is_a_program_of_its_own(engine):
+    """An eval samples with its own static GenerateConfig: one set of eval programs per
+    distinct k (the held-out set's eval.num_samples = 4 and each suite's), named @kN when
+    there are several, traced with that k's shapes; used by the run's engine when it
+    evaluates."""
+    settings, programs = _tiny_programs(engine, "a path=/a.jsonl k=2", "b path=/b.jsonl k=6")
+    assert settings.eval_sample_counts == (2, 4, 6)
+    static = engine == "static"
+    names = ("eval_generate", "eval_admit_groups", "eval_decode_steps")
+    for k in (2, 4, 6):
+        for name in names:
+            assert programs[f"{name}@k{k}"].used == (static == (name == "eval_generate"))
+    slots, tn = settings.rollout.slots, settings.eval_max_new_tokens
+    with lowering_for_cpu():
+        if static:  # the KV cache of a call's prompts x k rows
+            rows = settings.eval.prompts_per_call * 6
+            assert rows in {s[0] for s in _arg_shapes(programs["eval_generate@k6"]) if s}
+        else:  # the k slots of each of the S // k prompts one admission takes
+            assert (slots // 6, 6) in _arg_shapes(programs["eval_admit_groups@k6"])
+            assert (slots, tn) in _arg_shapes(programs["eval_decode_steps@k6"])
+    # one k: the names the eval programs had before suites
+    _, programs = _tiny_programs(engine)
+    assert {n for n in programs if n.startswith("eval_")} == set(names)
+    # a run that never evaluates uses none of them
+    _, programs = _tiny_programs(engine, **{"train.eval_every": 0})
+    assert not any(p.used for n, p in programs.items() if n.startswith("eval_"))
+
+
+def _arg_shapes(program) -> set[tuple[int, ...]]:
+    import jax
+
+    return {tuple(a.shape) for a in jax.tree.leaves(program.trace().args_info)}
+
+
+def lowering_for_cpu():
+    from da3po_jax.compile.programs import lowering_for
+
+    return lowering_for("cpu", _cpu_mesh())
+
+
+def test_the_plan_counts_the_largest_eval_k():
+    """The static engine's eval cache is counted for the largest k of the run."""
+    from da3po_jax.plan import plan_memory
+
+    settings, _ = _tiny_programs("static", "a path=/a.jsonl k=16")
+    plan = plan_memory(settings, (1, 1, 1), num_devices=1)
+    assert plan.info["eval_rows"] == settings.eval.prompts_per_call * 16

@@ -97,6 +97,9 @@ def test_the_config_field_refuses_a_bad_suite_and_old_runs_get_none(tmp_path):
     settings = resolve_settings(config)
     assert [(s.name, s.k) for s in settings.eval_suites] == [("aime2024", 32), ("math500", 4)]
     assert settings.eval_sample_counts == (4, 32)  # the held-out set's k and the suites'
+    config.rollout.slots = 16  # the continuous engine decodes one group of k in its slots
+    with pytest.raises(ValueError, match=r"config.rollout.slots=16 must be >= 32 .*suite's k"):
+        resolve_settings(config)
     saved = settings.to_dict()
     del saved["eval"]["suites"]  # a run saved before suites existed
     assert resolve_settings(with_added_fields(saved)).eval.suites == ()
