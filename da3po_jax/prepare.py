@@ -18,7 +18,9 @@ Writes, under `--out`:
   are written as published, so the format's field map reads the file back (a suite named
   `aime2024` reads `data/aime2024.jsonl`).
 - `overrides.txt`: the `--config` overrides that train and evaluate on these files (the
-  k of each suite is the recipe's, `SUITE_K`), also printed, to paste after `--config=...`.
+  k of each suite is the recipe's, `SUITE_K`), also printed, to paste after `--config=...`;
+  `overrides.flags`: the same as an absl flag file, `--flagfile=OUT/overrides.flags` after
+  `--config=...`.
 - `prepare.json`: what was fetched or read, from where, the counts, and when.
 
 Every refusal comes before anything is written: an unknown dataset (the known ones
@@ -192,7 +194,7 @@ def check_requests(requests: list[Request], out: str, offline: bool, overwrite: 
         if r.files:
             input_files(r.files)  # nothing there is refused now
     outputs = [data_path(out, r.name) for r in requests]
-    outputs += [os.path.join(out, n) for n in ("overrides.txt", "prepare.json")]
+    outputs += [os.path.join(out, n) for n in ("overrides.txt", "overrides.flags", "prepare.json")]
     taken = [p for p in outputs if os.path.exists(p)]
     if taken and not overwrite:
         raise PrepareError(
@@ -419,29 +421,44 @@ def _weight_files(path: str) -> list[str]:
     return files
 
 
-def overrides(model_path: str, converted: list[Converted], out: str) -> list[str]:
-    """The `--config` overrides that read the prepared files, one shell-quoted argument
-    each: the model, the training set (its format's template) and the benchmarks as
-    `eval.suites`, each at `SUITE_K`'s k."""
+def override_fields(model_path: str, converted: list[Converted], out: str) -> list[tuple[str, str]]:
+    """The config fields (dotted, value) that read the prepared files: the model, the
+    training set (its format's template) and the benchmarks as `eval.suites`, each at
+    `SUITE_K`'s k."""
     from da3po_jax.data.suites import EvalSuite
 
-    args = [f"--config.model.path={shlex.quote(model_path)}"] if model_path else []
+    fields = [("model.path", model_path)] if model_path else []
     for c in converted:
         if c.request.role == "train":
-            args += [
-                "--config.data.source=jsonl",
-                f"--config.data.train_path={shlex.quote(data_path(out, c.fmt.name))}",
-                f"--config.data.template={c.fmt.template}",
+            fields += [
+                ("data.source", "jsonl"),
+                ("data.train_path", data_path(out, c.fmt.name)),
+                ("data.template", c.fmt.template),
             ]
     specs = [
         EvalSuite(c.fmt.name, data_path(out, c.fmt.name), k=SUITE_K.get(c.fmt.name, 0)).spec()
         for c in converted
         if c.request.role == "eval"
     ]
-    if specs:  # a Python tuple of double-quoted strings, one shell word
+    if specs:  # a Python tuple of double-quoted strings
         suites = "(" + ", ".join(json.dumps(s) for s in specs) + ("," if len(specs) == 1 else "")
-        args.append(f"--config.eval.suites={shlex.quote(suites + ')')}")
-    return args
+        fields.append(("eval.suites", suites + ")"))
+    return fields
+
+
+def overrides(model_path: str, converted: list[Converted], out: str) -> list[str]:
+    """`override_fields` as `--config` overrides, one shell-quoted argument each."""
+    return [
+        f"--config.{field}={shlex.quote(value)}"
+        for field, value in override_fields(model_path, converted, out)
+    ]
+
+
+def flagfile(model_path: str, converted: list[Converted], out: str) -> str:
+    """`override_fields` as an absl flag file (`--flagfile=OUT/overrides.flags`): one
+    `--config.<field>=<value>` per line, unquoted, as absl reads it."""
+    fields = override_fields(model_path, converted, out)
+    return "".join(f"--config.{field}={value}\n" for field, value in fields)
 
 
 def format_overrides(args: list[str]) -> str:
@@ -497,7 +514,8 @@ def run_prepare(
     for c in converted:
         log.info("%s: writing %d rows to %s", c.fmt.title, len(c.rows), data_path(out, c.fmt.name))
         write_text(data_path(out, c.fmt.name), _jsonl(c.rows))
-    args = overrides(model_info["path"] if model_info else "", converted, out)
+    model_path = model_info["path"] if model_info else ""
+    args = overrides(model_path, converted, out)
     manifest = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "out": out,
@@ -507,6 +525,7 @@ def run_prepare(
         "overrides": args,
     }
     write_text(os.path.join(out, "overrides.txt"), format_overrides(args))
+    write_text(os.path.join(out, "overrides.flags"), flagfile(model_path, converted, out))
     write_text(os.path.join(out, "prepare.json"), json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -527,8 +546,8 @@ def format_summary(manifest: dict[str, Any]) -> str:
             f"  {d['name']:<15} {d['rows']:>9} {d['kept']:>7} {sum(d['skipped'].values()):>8} "
             f"{d['duplicates']:>11}  {d['template']:<9} {d['path']}"
         )
-    where = os.path.join(manifest["out"], "overrides.txt")
-    lines.append(f"overrides for --config=... (also in {where}):")
+    where = os.path.join(manifest["out"], "overrides")
+    lines.append(f"overrides for --config=... (also in {where}.txt; --flagfile={where}.flags):")
     lines.append(format_overrides(manifest["overrides"]).rstrip("\n"))
     return "\n".join(lines)
 

@@ -28,7 +28,8 @@ Options (environment defaults in brackets):
   --zone ZONE        zone, e.g. us-east5-a [TPU_ZONE] (required)
   --project PROJECT  GCP project [TPU_PROJECT] (default: gcloud's configured project)
   --type TYPE        accelerator type, e.g. v5p-8, v5litepod-16, v6e-8 [TPU_TYPE]
-                     (required by create)
+                     (required by create); v5e-N, the planner's name, is gcloud's
+                     v5litepod-N
   --version VERSION  TPU runtime [TPU_VERSION]; default by --type: v5p-* v2-alpha-tpuv5,
                      v5litepod-*/v5e-* v2-alpha-tpuv5-lite, v6e-* v2-alpha-tpuv6e,
                      anything else tpu-ubuntu2204-base
@@ -212,6 +213,7 @@ remote_python() {
 cmd_create() {
   require --type "$TYPE" TPU_TYPE
   local version="${VERSION:-$(default_version "$TYPE")}" extra=()
+  [[ "$TYPE" == v5e-* ]] && TYPE="v5litepod-${TYPE#v5e-}"  # gcloud's name for v5e slices
   ((SPOT)) && extra+=(--spot)
   if ((QUEUED)); then
     run gcloud compute tpus queued-resources create "$NAME" --node-id="$NAME" "${LOC[@]}" \

@@ -324,6 +324,13 @@ def check_overrides_resolve(out: str, manifest: dict) -> None:
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
     values(argv)
+    # The flag file gives the same config as the shell-quoted overrides.
+    flagged = ["prog", f"--config={ROOT}/configs/tiny_math.py"]
+    flagged.append(f"--flagfile={os.path.join(out, 'overrides.flags')}")
+    from_file = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=from_file, sys_argv=flagged)
+    from_file(flagged)
+    assert from_file.config.to_dict() == values.config.to_dict()
     settings = resolve_settings(values.config, inputs=False)
     assert settings.model.path == os.path.join(out, "models", "Qwen3-4B-Base")
     assert settings.data.train_path == os.path.join(out, "data", "dapo_math_17k.jsonl")

@@ -1,21 +1,25 @@
-"""Every command of README.md's ```bash blocks runs here, so a broken example fails CI.
+"""Every command of the ```bash blocks of README.md and of the documentation pages that
+show how to use the library (`PAGES`) runs here, so a broken example fails CI.
 
-`COMMANDS` maps each README command (continuation lines joined, comments dropped) to how
-it is run: training commands get short config overrides appended (a few SFT steps, 1-2 RL
-steps, a tiny eval); the recipes' downloaded models and datasets (`/data/...`) are replaced
-by tiny local fixtures built here (a random model saved as a HF folder with a BPE tokenizer,
-a DAPO-Math-style Parquet file, a JSONL eval set); `/tmp/...` workdirs move into pytest's
-temporary directory; launch scripts run with `--dry-run`; benchmarks get small flags; the
-`pip install` part of a command is checked against the two documented installs and not
-rerun, and the test command itself (`python -m pytest`) must be a line of `.ci/run`, which
-runs it verbatim. `test_every_readme_command_is_covered` fails when README gains a command
-the table does not cover (or the table keeps one README dropped), so no example goes
-untested. Of the ```python blocks, the models example runs on the fixture model and the
-loss fragment is compiled (its runnable version is examples/da3po_loss_example.py).
+`COMMANDS` maps each documented command (continuation lines joined, comments dropped; the
+same command on several pages counts once) to how it is run: training commands get short
+config overrides appended (a few SFT steps, 1-2 RL steps, a tiny eval); the recipes'
+downloaded models and datasets (`/data/...`) are replaced by tiny local fixtures built here
+(a random model saved as a HF folder with a BPE tokenizer, a DAPO-Math-style Parquet file,
+a JSONL eval set, the benchmarks' release-shaped files); `/tmp/...` workdirs move into
+pytest's temporary directory; launch scripts run with `--dry-run`; benchmarks get small
+flags; the `pip install` before a command is checked against the two documented installs
+and not rerun, and the test command itself (`python -m pytest`) must be a line of
+`.ci/run`, which runs it verbatim; the install page's own installs (`Run.install`) are
+checked against pyproject.toml's extras and the files they name, not run.
+`test_every_readme_command_is_covered` fails when a page gains a command the table does
+not cover (or the table keeps one the pages dropped), so no example goes untested. Of the
+```python blocks (docs/api.md), the models example runs on the fixture model and the loss
+fragment is compiled (its runnable version is examples/da3po_loss_example.py).
 
 The commands run as subprocesses (`bash -c`, cwd = the repo root, `python` = this
 interpreter, JAX_PLATFORMS=cpu), a few at a time in a background pool started when the
-first of them is needed; commands of one `job` run one after the other in README order
+first of them is needed; commands of one `job` run one after the other in page order
 (the sampling command reads the quick start's exported model, the OPD seeds reuse the
 teacher the first OPD run builds).
 """
@@ -38,6 +42,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The pages whose commands run here, in this order (a job's commands run in it). The other
+# pages' commands (results.md's studies, prepare.md's and evaluation.md's examples) are
+# checked by tests/test_docs.py: every module, flag, field and file they name exists.
+PAGES = tuple(
+    ROOT / p
+    for p in (
+        "README.md",
+        "docs/install.md",
+        "docs/quickstart.md",
+        "docs/recipes.md",
+        "docs/scaling.md",
+        "docs/api.md",
+        "docs/tools.md",
+        "docs/benchmarks.md",
+        "docs/testing.md",
+    )
+)
 
 # The two documented installs; the test environment already has the package.
 INSTALLS = ("pip install -e .", 'pip install -e ".[test]"')
@@ -57,6 +78,8 @@ class Run:
       needs: modules that must be importable (else the test is skipped).
       slow: marked `slow` (still runs in CI).
       extended: marked `extended` (left out of the README's test command).
+      install: a `pip install` of the install page: its extras must be pyproject.toml's
+        and its files must exist (not run: the tests run in an installed environment).
     """
 
     id: str
@@ -68,6 +91,7 @@ class Run:
     needs: tuple[str, ...] = ()
     slow: bool = True
     extended: bool = False
+    install: bool = False
 
 
 def _o(**overrides) -> tuple[str, ...]:
@@ -125,6 +149,21 @@ QWEN_MATH_REST = (
     "--config.data.train_path=/data/dapo-math-17k.parquet --workdir=/tmp/runs/mesh"
 )
 EIGHT_DEVICES = (("XLA_FLAGS", "--xla_force_host_platform_device_count=8"),)
+# `prepare` offline: the fixture model and the benchmarks' release-shaped fixture files.
+BENCHMARK_FIXTURES = ROOT / "tests" / "data" / "fixtures" / "benchmarks"
+PREPARE_OFFLINE = "--offline --model=/data/qwen3-model --files=" + ",".join(
+    f"{name}={BENCHMARK_FIXTURES / file}"
+    for name, file in (
+        ("dapo_math_17k", "dapo_math_17k.parquet"),
+        ("aime2024", "aime2024.jsonl"),
+        ("aime2025", "aime2025.jsonl"),
+        ("aime2026", "aime2026.jsonl"),
+        ("amc23", "amc23.jsonl"),
+        ("minerva", "minerva.jsonl"),
+        ("olympiadbench", "olympiadbench.jsonl"),
+        ("math500", "math500.jsonl"),
+    )
+)
 
 COMMANDS: dict[str, Run] = {
     # --- quick start
@@ -132,6 +171,36 @@ COMMANDS: dict[str, Run] = {
     "--workdir=/tmp/da3po_run": Run("quickstart", "quickstart", TINY + TWO_STEPS),
     'pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile -m "not extended"': Run(
         "tests", None, slow=False
+    ),
+    # --- installs of docs/install.md (checked, not run) and its device check
+    "pip install -e .": Run("install_cpu", None, install=True, slow=False),
+    'pip install -e ".[gpu]"': Run("install_gpu", None, install=True, slow=False),
+    "pip install -c .ci/constraints.txt -e .": Run(
+        "install_constraints", None, install=True, slow=False
+    ),
+    'python -c "import jax; print(jax.devices())"': Run(
+        "jax_devices", "jax_devices", expect="CpuDevice", slow=False
+    ),
+    # --- the DA3PO paper's experiment: prepare offline from the release-shaped fixtures
+    # (tests/test_prepare.py), plan the recipe, run it one step on the fixture model with
+    # the prepared flag file (4 simulated devices: the v5p-8 mesh is (1, 4, 1); 32 slots:
+    # the suites' largest k; buckets up to the fixture model's 1024 positions)
+    "python -m da3po_jax.prepare --out=/data/da3po --files=aime2026=/data/raw/aime_2026.jsonl": Run(
+        "prepare",
+        "paper",
+        replace=(("--files=aime2026=/data/raw/aime_2026.jsonl", PREPARE_OFFLINE),),
+        expect="overrides for --config=...",
+    ),
+    "python -m da3po_jax.plan --config=configs/da3po_qwen3_4b.py:v5p-8 --device=v5p "
+    "--num_devices=4": Run("plan_paper", "paper", expect="PEAK", extended=True),
+    "python -m da3po_jax.main --config=configs/da3po_qwen3_4b.py:v5p-8 "
+    "--flagfile=/data/da3po/overrides.flags --workdir=/data/runs/da3po_4b": Run(
+        "paper",
+        "paper",
+        REAL + _o(rollout__slots=32, rollout__prompt_buckets="512,1008"),  # the BPE's long rows
+        env=(("XLA_FLAGS", "--xla_force_host_platform_device_count=4"),),
+        expect="aime2024",
+        extended=True,
     ),
     # --- a real model
     "python -m da3po_jax.main --config=configs/qwen_math.py "
@@ -325,6 +394,8 @@ FIXTURE_PATHS = {
     "/data/dapo-math-17k.parquet": "dapo-math.parquet",
     "/data/aime-2024.jsonl": "aime.jsonl",
     "/data/runs/": "runs/",
+    "/data/qwen3-model": "qwen3_student",
+    "/data/da3po": "da3po",
 }
 
 # ```python blocks, by their first line: "run" (on the fixture model) or "compile" (a
@@ -338,7 +409,9 @@ PYTHON_PATHS = {"/path/to/Qwen2.5-Math-1.5B": "qwen2", "/tmp/export": "export"}
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", README.read_text(), flags=re.M | re.S)
+    """The ```lang blocks of `PAGES`, in page order."""
+    pattern = rf"^```{lang}\n(.*?)^```"
+    return [b for page in PAGES for b in re.findall(pattern, page.read_text(), flags=re.M | re.S)]
 
 
 def _strip_comment(line: str) -> str:
@@ -355,7 +428,8 @@ def _strip_comment(line: str) -> str:
 
 
 def readme_commands() -> list[str]:
-    """Every command of the README's bash blocks, continuation lines joined."""
+    """Every command of the pages' bash blocks, continuation lines joined, each once (at
+    its first place)."""
     commands = []
     for block in _blocks("bash"):
         pending = ""
@@ -365,7 +439,7 @@ def readme_commands() -> list[str]:
                 pending += line[:-1].strip() + " "
                 continue
             line, pending = _strip_comment(pending + line).strip(), ""
-            if line:
+            if line and line not in commands:
                 commands.append(line)
         assert not pending, f"README bash block ends inside a continued line: {pending!r}"
     return commands
@@ -373,13 +447,17 @@ def readme_commands() -> list[str]:
 
 def test_every_readme_command_is_covered():
     commands = readme_commands()
-    assert len(commands) == len(set(commands)), "a README command appears twice"
+    readme = README.read_text()
+    for install in INSTALLS:  # the two commands of the README's top
+        assert f"\n{install} && " in readme, f"README lost its install {install!r}"
     missing = [c for c in commands if c not in COMMANDS]
     stale = [c for c in COMMANDS if c not in commands]
     assert not missing, f"README commands missing from COMMANDS (add how to run them): {missing}"
     assert not stale, f"COMMANDS entries no longer in README.md (remove them): {stale}"
-    installs = {c.partition(" && ")[0] for c in commands if c.startswith("pip install")}
-    assert installs == set(INSTALLS), f"README installs {installs} vs documented {INSTALLS}"
+    chained = {
+        c.partition(" && ")[0] for c in commands if c.startswith("pip install") and "&&" in c
+    }
+    assert chained == set(INSTALLS), f"installs before a command {chained} vs {INSTALLS}"
     first_lines = [b.splitlines()[0] for b in _blocks("python")]
     assert sorted(first_lines) == sorted(PYTHON_BLOCKS), (
         f"README python blocks {first_lines} vs PYTHON_BLOCKS {sorted(PYTHON_BLOCKS)}"
@@ -404,7 +482,8 @@ def _rewrite(command: str, run: Run, tmp: Path, fixtures: Path) -> str:
     command = command.replace("launch/tpu_vm.sh ", "launch/tpu_vm.sh --dry-run ")
     if run.append:
         command += " " + " ".join(shlex.quote(a.replace("/tmp/", f"{tmp}/")) for a in run.append)
-    assert "/data/" not in command, f"no fixture for a /data/ path in {command!r}"
+    # A documented path under /data/ (not the repository's own tests/data/) is left.
+    assert not re.search(r"(^|[\s=,'\"])/data/", command), f"no fixture for /data/ in {command!r}"
     return command
 
 
@@ -570,10 +649,32 @@ def _unquoted(output: str) -> str:
     return "\n".join(words(line) for line in output.splitlines())
 
 
+def check_install(command: str) -> None:
+    """A documented `pip install`: the extras it names are pyproject.toml's and the
+    constraints file it names exists."""
+    import tomllib
+
+    words = shlex.split(command)
+    assert words[:2] == ["pip", "install"], command
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = extras["optional-dependencies"]
+    editable = words[words.index("-e") + 1]
+    assert editable.startswith("."), command
+    named = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", editable)
+    assert named, f"not an install of this project: {editable!r}"
+    for extra in (named.group(1) or "").split(","):
+        assert not extra or extra in extras, f"{command}: no extra {extra!r} in pyproject.toml"
+    if "-c" in words:
+        assert (ROOT / words[words.index("-c") + 1]).is_file(), command
+
+
 @pytest.mark.parametrize("command", _params())
 def test_readme_command(command, launcher):
     run = COMMANDS.get(command)
     assert run is not None, f"README command not in COMMANDS: {command!r}"
+    if run.install:
+        check_install(command)
+        return
     if run.job is None:  # the test command itself: .ci/run runs it verbatim
         ci = (ROOT / ".ci" / "run").read_text().splitlines()
         assert command in ci, f".ci/run must run the README's test command {command!r}"
@@ -605,11 +706,11 @@ def test_readme_python_blocks(launcher):
     for block in _blocks("python"):
         kind = PYTHON_BLOCKS[block.splitlines()[0]]
         if kind == "compile":
-            compile(block, "README.md", "exec")
+            compile(block, "docs/api.md", "exec")
             continue
         for old, new in paths.items():
             block = block.replace(old, new)
         namespace: dict = {}
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, "docs/api.md", "exec"), namespace)
         assert namespace["logits"].shape[:2] == namespace["tokens"].shape
         assert (launcher.tmp / "export" / "config.json").is_file()

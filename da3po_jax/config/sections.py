@@ -98,8 +98,9 @@ class ModelSettings:
     attention_block: int = setting(512, "query / key block of the blockwise kernels", positive)
     decode_attention: str = setting(
         "auto",
-        "continuous engine's decode step: auto (ragged on TPU) | blockwise (pure JAX) | ragged "
-        "(the Pallas TPU kernel reading only live KV pages; interpreted off TPU: slow) | paged",
+        "continuous engine's decode step: auto (ragged on TPU, paged elsewhere) | paged (pure "
+        "JAX over the live KV blocks only) | blockwise (pure JAX) | ragged (the Pallas TPU "
+        "kernel reading only live KV pages; interpreted off TPU: slow)",
         choice(*DECODE_ATTENTION_CHOICES),
     )
     scan_layers: bool = setting(False, "layers stacked under lax.scan: compile time flat in depth")

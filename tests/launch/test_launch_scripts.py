@@ -94,6 +94,40 @@ def test_create_default_runtime(tpu_type, version):
     assert "--version=custom-rt" in cmd
 
 
+def test_create_takes_the_planners_v5e_name_as_gclouds_v5litepod():
+    (cmd,) = _tpu("create", *LOC, "--type", "v5e-8")
+    assert "--accelerator-type=v5litepod-8" in cmd and "--version=v2-alpha-tpuv5-lite" in cmd
+
+
+def test_setup_script_installs_python_311_with_uv_at_the_known_good_versions(tmp_path):
+    """TPU images ship Python 3.10: the venv's Python comes from uv, not the image, and the
+    install is pinned by .ci/constraints.txt."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DA3PO_VENV": str(tmp_path / "v")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "tpu_scripts" / "setup.sh"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [shlex.split(line) for line in done.stdout.splitlines()]
+    uv = str(tmp_path / ".local" / "bin" / "uv")
+    if shutil.which("uv", path=env["PATH"]):  # a uv on the PATH is used as it is
+        uv = shutil.which("uv", path=env["PATH"])
+    else:
+        assert lines[0][:2] == ["sh", "-c"] and "astral.sh/uv/install.sh" in lines[0][2]
+        lines = lines[1:]
+    venv = str(tmp_path / "v")
+    assert lines[0] == [uv, "venv", "--seed", "--python", "3.11", venv]
+    assert lines[1] == [uv, "pip", "install", "--python", f"{venv}/bin/python"] + [
+        "-c",
+        ".ci/constraints.txt",
+        "-e",
+        ".[tpu]",
+    ]
+    assert lines[2][0] == f"{venv}/bin/python" and "jax.device_count()" in lines[2][2]
+
+
 def test_create_spot_project_and_equals_form():
     (cmd,) = _tpu(
         "create",
