@@ -60,8 +60,9 @@ programs of both k (4 and 32):
   59.12 / planned 60.37 GiB; train phase 28.13 / 22.75 (the plan is low on the update's
   22528-token rows, which the rollout phase outweighs). Compile seconds: update 263,
   ds_round 60, admit_groups 723, decode_steps 124, eval_admit_groups 687 (k = 4) / 535
-  (k = 32), eval_decode_steps 132 / 124. Roofline (lower bound): 34395 s per step of
-  512 x 16 responses of up to 20480 tokens.
+  (k = 32), eval_decode_steps 132 / 124. Per step of 512 x 16 responses all at the
+  20480-token cap: roofline (lower bound) 34395 s, estimate at 40% MFU and 60% of HBM
+  bandwidth 62686 s.
 - v6e-8 and 8xh100 (on v5p-16): not compiled yet (a compile of this recipe takes about
   45 minutes on 2 CPU cores); their plans are above.
 """

@@ -48,10 +48,20 @@ Planner (python -m da3po_jax.plan, GiB per chip, usable 90%):
   segment mask included), update_work 4.23; rollout phase 43.47, train phase 29.58; peak
   57.49 = 71.9% of 80 -> fits (set XLA_PYTHON_CLIENT_MEM_FRACTION=.9 on the GPUs).
 
-Compiled: no full compile is recorded yet (one takes 45 to 60 minutes on 2 CPU cores:
-the slot admission program alone 12 to 17); for v6e-8 the update, ds_round, admit_groups
-and decode_steps compile for the topology (398, 30, 1011 and 112 s), so each fits the
-chip's 32 GiB on its own.
+Compiled (python -m da3po_jax.plan --config=configs/da3po_qwen3_8b.py:HARDWARE
+--compile=TOPOLOGY --json; jax 0.10.2, libtpu 0.0.42.1, 2026-12-07, on 2 shared CPU
+cores; the outputs are docs/results/compile/da3po_qwen3_8b_*.json), with the eval
+programs of both k (4 and 32):
+- v5p-8: every program ok, no involuntary rematerialization, no parameter gather beyond
+  one layer outside the generate programs. Compiled peak 74.49 GiB per chip (the decode
+  steps, rollout and eval alike) -> fits 95 GiB; planned 70.30 (-5.6%: the planner is
+  low here). Resident state compiled 23.43 / planned 23.40 GiB; rollout phase 51.06 /
+  44.57; train phase 47.95 / 38.66 (the plan is low on the update's 22528-token rows).
+  Compile seconds: update 167, ds_round 12, admit_groups 660, decode_steps 105,
+  eval_admit_groups 650 (k = 4) / 556 (k = 32), eval_decode_steps 96 / 114. Per step of
+  512 x 16 responses all at the 20480-token cap: roofline (lower bound) 37028 s, estimate
+  at 40% MFU and 60% of HBM bandwidth 68856 s.
+- v6e-8 and 8xh100 (on v5p-16): see docs/recipes.md for the compiles recorded since.
 """
 
 import os

@@ -446,21 +446,6 @@ def override_fields(model_path: str, converted: list[Converted], out: str) -> li
     return fields
 
 
-def overrides(model_path: str, converted: list[Converted], out: str) -> list[str]:
-    """`override_fields` as `--config` overrides, one shell-quoted argument each."""
-    return [
-        f"--config.{field}={shlex.quote(value)}"
-        for field, value in override_fields(model_path, converted, out)
-    ]
-
-
-def flagfile(model_path: str, converted: list[Converted], out: str) -> str:
-    """`override_fields` as an absl flag file (`--flagfile=OUT/overrides.flags`): one
-    `--config.<field>=<value>` per line, unquoted, as absl reads it."""
-    fields = override_fields(model_path, converted, out)
-    return "".join(f"--config.{field}={value}\n" for field, value in fields)
-
-
 def format_overrides(args: list[str]) -> str:
     """The overrides as pasted after `--config=...`: one per line, continued."""
     return " \\\n  ".join(args) + "\n"
@@ -514,8 +499,8 @@ def run_prepare(
     for c in converted:
         log.info("%s: writing %d rows to %s", c.fmt.title, len(c.rows), data_path(out, c.fmt.name))
         write_text(data_path(out, c.fmt.name), _jsonl(c.rows))
-    model_path = model_info["path"] if model_info else ""
-    args = overrides(model_path, converted, out)
+    fields = override_fields(model_info["path"] if model_info else "", converted, out)
+    args = [f"--config.{field}={shlex.quote(value)}" for field, value in fields]  # shell words
     manifest = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "out": out,
@@ -525,7 +510,9 @@ def run_prepare(
         "overrides": args,
     }
     write_text(os.path.join(out, "overrides.txt"), format_overrides(args))
-    write_text(os.path.join(out, "overrides.flags"), flagfile(model_path, converted, out))
+    # the same as an absl flag file: one unquoted --config.<field>=<value> per line
+    flagfile = "".join(f"--config.{field}={value}\n" for field, value in fields)
+    write_text(os.path.join(out, "overrides.flags"), flagfile)
     write_text(os.path.join(out, "prepare.json"), json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -16,10 +16,17 @@ For the run (per device):
 - beside it the planner's estimate (`da3po_jax.plan`), component by component: resident,
   train phase (the update's temp and outputs: gradients, activations, gathered layers)
   and rollout phase (the KV cache and the sampler's work);
-- a roofline time per step, a lower bound: the update's model FLOPs
-  (`runtime.perf.update_flops`, all rows at full length) / the chip's peak FLOP/s, plus
-  the decode steps of one round's generation (every decode step reads each device's
-  share of the compute-dtype weights and of the KV cache) / its HBM bandwidth.
+- a roofline time per step, a lower bound for a step whose every response runs to the
+  length cap: the update's model FLOPs (`runtime.perf.update_flops`, all rows at full
+  length) / the chip's peak FLOP/s, plus the decode steps of the step's rounds (every
+  decode step reads each device's share of the compute-dtype weights and of the KV
+  cache) / its HBM bandwidth;
+- an estimate of the same step at stated efficiencies (`step_estimate`): the update at
+  `ASSUMED_MFU` of the peak FLOP/s, the decode at `ASSUMED_HBM_EFFICIENCY` of the HBM
+  bandwidth. Both are assumptions, not measurements: no run has happened on a TPU or GPU.
+  The compiled programs' own FLOPs and bytes (`programs.*.flops`, `bytes_accessed`) are
+  not used: XLA's cost analysis counts a loop's body once, so a program whose layers run
+  under `lax.scan` (or whose decode steps run in a loop) reports one iteration's cost.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ from da3po_jax.run.build import padded_update_flops, update_config
 from da3po_jax.update.policy_update import frozen_forwards
 
 GiB = 1024**3
+# The efficiencies of the step estimate (assumed; see the module docstring): model FLOPs
+# utilisation of the update, and the fraction of the HBM bandwidth the decode reaches.
+ASSUMED_MFU = 0.4
+ASSUMED_HBM_EFFICIENCY = 0.6
 _MEMORY_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
 
 
@@ -281,6 +292,25 @@ def roofline(
     }
 
 
+def step_estimate(
+    roof: dict[str, float], mfu: float = ASSUMED_MFU, hbm: float = ASSUMED_HBM_EFFICIENCY
+) -> dict[str, Any]:
+    """The roofline's step at stated efficiencies: the update at `mfu` of the peak FLOP/s,
+    the decode at `hbm` of the HBM bandwidth (every response at the length cap, as the
+    roofline)."""
+    if not (0 < mfu <= 1 and 0 < hbm <= 1):
+        raise ValueError(f"efficiencies must be in (0, 1]: mfu={mfu}, hbm={hbm}")
+    update_s, rollout_s = roof["update_s"] / mfu, roof["rollout_s"] / hbm
+    return {
+        "update_s": update_s,
+        "rollout_s": rollout_s,
+        "step_s": update_s + rollout_s,
+        "mfu": mfu,
+        "hbm_efficiency": hbm,
+        "label": f"estimate at {mfu:.0%} MFU and {hbm:.0%} of HBM bandwidth (assumed)",
+    }
+
+
 def one_layer_bytes(model_config: ModelConfig) -> int:
     """The largest all-gather an FSDP program needs: one decoder layer's parameters or the
     (un)embedding, in the parameter dtype (what `plan`'s `gathered` assumes)."""
@@ -370,6 +400,7 @@ def summary(
     components = _components(settings, compiled, resident, plan, lowered_only)
     device = topo.chip.hbm_gib * GiB
     checks = _checks(compiled, one_layer_bytes(model_config), settings.rollout.gather_weights)
+    roof = roofline(settings, a, model_config, topo, mesh)
     return {
         "topology": topo.name,
         "describe": topo.describe(),
@@ -389,7 +420,8 @@ def summary(
         "fits": None
         if lowered_only
         else bool(peak) and peak <= device and not any(not c.ok for c in compiled if c.used),
-        "roofline": roofline(settings, a, model_config, topo, mesh) | {"label": "lower bound"},
+        "roofline": roof | {"label": "lower bound"},
+        "estimate": step_estimate(roof),
         "checks": checks,
     }
 
@@ -468,6 +500,12 @@ def table(report: dict[str, Any]) -> str:
         f"roofline (lower bound): {r['step_s']:.3f} s/step (update {r['update_s']:.3f} s, "
         f"rollout decode {r['rollout_s']:.3f} s)",
     ]
+    e = report.get("estimate")
+    if e:
+        lines.append(
+            f"{e['label']}: {e['step_s']:.3f} s/step (update {e['update_s']:.3f} s, rollout "
+            f"decode {e['rollout_s']:.3f} s); every response at the length cap"
+        )
     c = report["checks"]
     if c["full_remats"] or c["gathers_beyond_one_layer"]:
         lines.append(

@@ -122,6 +122,7 @@ def _check(report: dict, used: set[str]) -> None:
     assert update["alias_bytes"] > 0.9 * update["output_bytes"] - 4096
     assert 0 < report["compiled_peak_gib"] < report["device_gib"] and report["fits"]
     assert report["planned_peak_gib"] > 0 and report["roofline"]["step_s"] > 0
+    assert report["estimate"]["step_s"] > report["roofline"]["step_s"]  # efficiencies < 1
     # splash (with the packing's segment ids) is a Mosaic kernel in the updates, and the
     # ragged kernel in the continuous decode step
     for name in used & {"update_packed", "update_padded", "decode_steps", "eval_decode_steps"}:
