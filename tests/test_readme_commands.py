@@ -571,6 +571,10 @@ class Launcher:
         # The longest jobs first (most slow commands), the rest in README order.
         for commands in sorted(jobs.values(), key=lambda cs: -sum(COMMANDS[c].slow for c in cs)):
             if selected & set(commands):
+                # up to the last selected command: the earlier ones prepare it (an extended
+                # command after it does not run in a run that deselects it)
+                last = max(i for i, c in enumerate(commands) if c in selected)
+                commands = commands[: last + 1]
                 future = self.pool.submit(self._job, commands)
                 for command in commands:
                     self.results[command] = future

@@ -398,6 +398,10 @@ def select(programs: list[Program], names: Sequence[str]) -> list[Program]:
 def lowering_for(platform: str, mesh: Mesh) -> Iterator[None]:
     """Traces choose `platform`'s kernels, and Pallas kernels run per shard of `mesh`, as
     in the trainer (`parallel.mesh.kernel_mesh`: the abstract mesh only, so constants a
-    trace computes eagerly stay on this host's CPU)."""
-    with compiling_for(platform), kernel_mesh(mesh):
+    trace computes eagerly stay on this host's CPU). A one-chip mesh is set as well, which
+    the trainer does not need: on the chip itself Pallas reads the chip's kind from the
+    default device, here the CPU, so the kernels must find it on the mesh."""
+    one_chip = mesh.size == 1 and mesh.devices.flat[0].platform != "cpu"
+    mesh_context = jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if one_chip else None
+    with compiling_for(platform), mesh_context or kernel_mesh(mesh):
         yield

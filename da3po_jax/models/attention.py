@@ -392,9 +392,11 @@ def per_shard(fn, args: tuple, specs, batch_size: int, kv_heads: int):
     `data`, `fsdp` when they divide `batch_size`) and its own heads (split over `tensor`
     when it divides `kv_heads`; query heads h = kv * groups + g stay with their KV head).
     `specs(rows, heads)` gives (in_specs, out_specs) from those axes (None: whole). With
-    no mesh set, or one device, `fn` runs as it is."""
+    no mesh set `fn` runs as it is. A one-device mesh runs it under `shard_map` too: the
+    kernel then reads its chip from the mesh, which is how a one-chip TPU program compiles
+    on a CPU host (`da3po_jax.compile`; outside it Pallas asks the default device)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    if mesh.empty:
         return fn(*args)
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     batch = batch_axes(sizes, batch_size)

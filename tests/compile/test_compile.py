@@ -157,8 +157,10 @@ def test_the_tiny_run_compiles_for_two_hosts_with_the_continuous_engine():
 
 
 @needs_libtpu
-def test_the_ragged_decode_kernel_compiles_for_tpu_under_a_mesh():
-    """The Pallas kernel lowers through Mosaic (not interpreted) per shard of slots."""
+@pytest.mark.parametrize("topo, shape", [("v5e-4", (2, 2, 1)), ("v5p-2", (1, 1, 1))])
+def test_the_ragged_decode_kernel_compiles_for_tpu_under_a_mesh(topo, shape):
+    """The Pallas kernel lowers through Mosaic (not interpreted) per shard of slots; on one
+    chip too (the kernel reads the chip's kind from the mesh, not from this CPU host)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -168,7 +170,7 @@ def test_the_ragged_decode_kernel_compiles_for_tpu_under_a_mesh():
     from da3po_jax.models.decode_kernel import ragged_decode_attention
     from da3po_jax.parallel import make_mesh
 
-    mesh = make_mesh((2, 2, 1), tpu_devices(topology("v5e-4")))
+    mesh = make_mesh(shape, tpu_devices(topology(topo)))
     split = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
     s, cap, kv, g, d = 16, 512, 2, 7, 128
     q = jax.ShapeDtypeStruct((s, kv, g, d), jnp.bfloat16, sharding=split)
