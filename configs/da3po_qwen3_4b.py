@@ -63,8 +63,14 @@ programs of both k (4 and 32):
   (k = 32), eval_decode_steps 132 / 124. Per step of 512 x 16 responses all at the
   20480-token cap: roofline (lower bound) 34395 s, estimate at 40% MFU and 60% of HBM
   bandwidth 62686 s.
-- v6e-8 and 8xh100 (on v5p-16): not compiled yet (a compile of this recipe takes about
-  45 minutes on 2 CPU cores); their plans are above.
+- v6e-8: every program ok, no involuntary rematerialization, no parameter gather beyond
+  one layer. Compiled peak 23.91 GiB per chip (the decode steps, rollout and eval alike)
+  -> fits 32 GiB; planned 25.02 (+4.7%). Resident state compiled 6.16 / planned 6.14 GiB;
+  rollout phase 17.75 / 17.44; train phase 16.27 / 17.24. Compile seconds (four compiles
+  sharing the 2 cores): update 322, ds_round 16, admit_groups 1228, decode_steps 108,
+  eval_admit_groups 1111 (k = 4) / 1822 (k = 32), eval_decode_steps 399 / 270. Per
+  full-length step: roofline 25180 s, estimate 43307 s.
+- 8xh100 (on v5p-16): see docs/recipes.md.
 """
 
 import os

@@ -121,11 +121,20 @@ def test_cli_table_and_json():
         ("qwen_math_7b_8xh100", "h100", 8),
         ("qwen_math_1p5b_v5e8", "v5e", 8),
         ("qwen_math_1p5b_h200", "h200", 1),
+        ("qwen_math_1p5b_h100", "h100", 1),
     ],
 )
 def test_recipes_fit_their_devices(name, device, devices):
     plan = plan_memory(plan_settings(load_config(name)), num_devices=devices, device=device)
     assert plan.fits, plan.table()
+
+
+def test_the_h200_recipe_does_not_fit_one_h100():
+    """Why the one-H100 recipe exists: the H200 one's 16-row micro-batches plan past 80 GiB."""
+    plan = plan_memory(
+        plan_settings(load_config("qwen_math_1p5b_h200")), num_devices=1, device="h100"
+    )
+    assert not plan.fits, plan.table()
 
 
 def test_7b_does_not_fit_one_v5e():
