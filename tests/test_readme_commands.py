@@ -149,10 +149,11 @@ QWEN_MATH_REST = (
     "--config.data.train_path=/data/dapo-math-17k.parquet --workdir=/tmp/runs/mesh"
 )
 EIGHT_DEVICES = (("XLA_FLAGS", "--xla_force_host_platform_device_count=8"),)
-# `prepare` offline: the fixture model and the benchmarks' release-shaped fixture files.
-BENCHMARK_FIXTURES = ROOT / "tests" / "data" / "fixtures" / "benchmarks"
+# `prepare` offline: the fixture model and the benchmarks' release-shaped fixture files
+# (relative to the repository root, the commands' cwd: a clone under /tmp/ keeps them).
+BENCHMARK_FIXTURES = "tests/data/fixtures/benchmarks"
 PREPARE_OFFLINE = "--offline --model=/data/qwen3-model --files=" + ",".join(
-    f"{name}={BENCHMARK_FIXTURES / file}"
+    f"{name}={BENCHMARK_FIXTURES}/{file}"
     for name, file in (
         ("dapo_math_17k", "dapo_math_17k.parquet"),
         ("aime2024", "aime2024.jsonl"),
