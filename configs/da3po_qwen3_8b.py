@@ -61,7 +61,16 @@ programs of both k (4 and 32):
   eval_admit_groups 650 (k = 4) / 556 (k = 32), eval_decode_steps 96 / 114. Per step of
   512 x 16 responses all at the 20480-token cap: roofline (lower bound) 37028 s, estimate
   at 40% MFU and 60% of HBM bandwidth 68856 s.
-- v6e-8 and 8xh100 (on v5p-16): see docs/recipes.md for the compiles recorded since.
+- v6e-8: every program ok, no involuntary rematerialization, no gathered layers (tensor
+  parallelism only). Compiled peak 31.87 GiB per chip (the update) -> within 32 GiB, but
+  by 0.13 GiB only: planned 28.12 (-11.8%, the planner is low on the update: train phase
+  18.98 compiled vs 15.83 planned; resident 12.29 / 12.29; rollout phase 12.66 / 14.13).
+  Too tight to trust on the chip: shorter rows or smaller logits chunks are the next
+  step. Compile seconds: update 246, ds_round 9, admit_groups 1601, decode_steps 209,
+  eval_admit_groups 1445 (k = 4) / 1884 (k = 32), eval_decode_steps 305 / 118. Per step
+  of 512 x 16 responses at the 8192-token cap: roofline 4578 s, estimate 8159 s.
+- 8xh100 (on v5p-16): not compiled yet (45 to 60 minutes on 2 CPU cores); its plan is
+  above.
 """
 
 import os
