@@ -31,19 +31,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, from any cwd
-import qwen_math  # noqa: E402
+import qwen_math_1p5b_h200  # noqa: E402
 
 
 def get_config():
-    c = qwen_math.get_config()
-    qwen_math.sized(
-        c,
-        "/path/to/Qwen2.5-Math-1.5B",
-        "qwen2.5-math-1.5b",
-        mesh=(1, 1, 1),
-        prompts_per_round=32,
-        eval_prompts=16,
-    )
+    c = qwen_math_1p5b_h200.get_config()
     c.rl.pack_rows = 8
     c.rollout.slots = 128
     return c
